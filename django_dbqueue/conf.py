@@ -1,0 +1,50 @@
+"""Settings: one ``DBQUEUE`` dict, read on every access so ``override_settings`` works."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings as django_settings
+
+DEFAULTS: dict[str, Any] = {
+    # Queues that enqueue() and run_jobs accept; anything else is a typo until listed here.
+    "QUEUES": ["default"],
+    "DEFAULT_QUEUE": "default",
+    "DEFAULT_PRIORITY": 0,
+    "MAX_ATTEMPTS": 3,
+    # Check at enqueue time that a dotted task path imports (turn off for producers that
+    # do not have the workers' code installed).
+    "VALIDATE_TASKS": True,
+    # Worker
+    "BATCH_SIZE": 100,
+    "POLL_INTERVAL": 1.0,  # longest sleep between polls of an idle queue (seconds)
+    "MIN_POLL_INTERVAL": 0.05,  # first sleep after the queue ran dry
+    "LEASE_TIMEOUT": 60.0,  # a claimed job whose lease is this old is recovered
+    "HEARTBEAT_INTERVAL": 10.0,  # how often a live worker renews its leases
+    "JOB_TIMEOUT": None,  # seconds; None = no limit unless the job sets one
+    "RETRY_BACKOFF": 2.0,  # first retry delay in seconds, doubled per attempt
+    "RETRY_BACKOFF_MAX": 3600.0,
+    "RETRY_JITTER": 0.2,  # +/- fraction applied to each delay
+    "FINISH_BATCH_SIZE": 100,  # finished jobs written together
+    "FINISH_FLUSH_INTERVAL": 0.2,  # seconds a finished job may wait before its write
+    "KEEP_ERRORS": 10,  # tracebacks of earlier attempts kept per job
+    # Locks
+    "LOCK_BACKEND": "redis",
+    "LOCK_REDIS_ALIAS": "default",  # django-redis cache alias used by the redis backend
+    "LOCK_PREFIX": "dbqueue:lock:",
+    # Wake-up: Redis cache alias used to wake idle workers on MySQL/MariaDB/SQLite
+    "WAKEUP_REDIS_ALIAS": None,
+}
+
+
+class Settings:
+    """Attribute access to ``settings.DBQUEUE`` merged over :data:`DEFAULTS`."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in DEFAULTS:
+            raise AttributeError(f"Unknown django-dbqueue setting {name!r}")
+        user: dict[str, Any] = getattr(django_settings, "DBQUEUE", {}) or {}
+        return user.get(name, DEFAULTS[name])
+
+
+settings = Settings()

@@ -1,0 +1,55 @@
+"""Running one job's callable: import it, call it, enforce its timeout."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+from django_dbqueue.exceptions import JobTimeout
+from django_dbqueue.models import Job
+from django_dbqueue.tasks import resolve
+
+
+class ResultNotSerializable(TypeError):
+    """The job returned something that cannot be stored as JSON."""
+
+
+def call_job(job: Job) -> Any:
+    """Import the job's task and call it with its arguments; return a JSON-ready result."""
+    func = resolve(job.task)
+    result = func(*(job.args or []), **(job.kwargs or {}))
+    try:
+        return json.loads(json.dumps(result, allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise ResultNotSerializable(
+            f"{job.task} returned {type(result).__name__}, which is not JSON-serializable "
+            f"({exc}); return plain data (or None) from jobs."
+        ) from None
+
+
+@contextmanager
+def time_limit(seconds: float | None) -> Iterator[None]:
+    """Raise :class:`JobTimeout` inside the block once ``seconds`` have passed.
+
+    Uses SIGALRM, so it interrupts Python code and blocking system calls of the main
+    thread; code stuck inside a C extension is stopped by the supervisor instead.
+    """
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_alarm(signum: int, frame: FrameType | None) -> None:
+        raise JobTimeout(f"Job exceeded its timeout of {seconds:g} s and was stopped.")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)

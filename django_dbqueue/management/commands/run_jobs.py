@@ -1,0 +1,111 @@
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_dbqueue.conf import settings
+from django_dbqueue.progress import Progress
+from django_dbqueue.supervisor import Supervisor
+from django_dbqueue.worker import Worker
+
+
+def positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
+
+
+def positive_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {value}")
+    return number
+
+
+class Command(BaseCommand):
+    help = "Run queued jobs: claim them in batches, run them, record the results."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--queue",
+            "-q",
+            action="append",
+            dest="queues",
+            metavar="QUEUE",
+            help="Queue to take jobs from; repeat for several (default: all "
+            "queues in DBQUEUE['QUEUES']).",
+        )
+        parser.add_argument(
+            "--concurrency",
+            "-c",
+            type=positive_int,
+            default=1,
+            help="Worker processes to run (default 1).",
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=positive_int,
+            default=None,
+            help="Jobs claimed per transaction (default DBQUEUE['BATCH_SIZE']).",
+        )
+        parser.add_argument(
+            "--burst",
+            action="store_true",
+            help="Exit once no job is runnable instead of waiting for more.",
+        )
+        parser.add_argument(
+            "--max-jobs",
+            type=positive_int,
+            default=None,
+            help="Exit after this many jobs (across all processes).",
+        )
+        parser.add_argument(
+            "--progress-interval",
+            type=positive_float,
+            default=2.0,
+            help="Seconds between progress lines (default 2).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        queues: list[str] = options["queues"] or list(settings.QUEUES)
+        unknown = [q for q in queues if q not in settings.QUEUES]
+        if unknown:
+            raise CommandError(
+                f"Unknown queue(s): {', '.join(unknown)}. Known: {', '.join(settings.QUEUES)} "
+                "(DBQUEUE['QUEUES'])."
+            )
+        verbosity = int(options["verbosity"])
+        if verbosity >= 2:
+            logging.getLogger("django_dbqueue").setLevel(logging.DEBUG)
+        progress = Progress(self.stdout.write, options["progress_interval"]) if verbosity else None
+        worker_options: dict[str, Any] = {
+            "queues": queues,
+            "batch_size": options["batch_size"],
+            "burst": options["burst"],
+            "max_jobs": options["max_jobs"],
+        }
+        concurrency: int = options["concurrency"]
+        if progress is not None:
+            mode = "burst" if options["burst"] else "waiting for jobs"
+            self.stdout.write(
+                f"Running jobs from {', '.join(queues)} with {concurrency} "
+                f"process(es), {mode}. Ctrl-C to stop."
+            )
+        if concurrency == 1:
+            worker = Worker(on_progress=progress.update if progress else None, **worker_options)
+            stats = worker.run()
+        else:
+            stats = Supervisor(concurrency, worker_options, progress).run()
+        if progress is not None:
+            progress.update(stats, force=True)
+            self.stdout.write(progress.summary(stats))

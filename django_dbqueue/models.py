@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from django.db import models
+from django.utils import timezone
+
+from django_dbqueue.queries import JobManager
+
+
+class Job(models.Model):
+    """One unit of work: a row is enqueued, claimed by a worker, run and finished."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", "Queued"
+        CLAIMED = "claimed", "Claimed"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+        CANCELLED = "cancelled", "Cancelled"
+
+    FINISHED: ClassVar[tuple[str, ...]] = (Status.DONE, Status.FAILED, Status.CANCELLED)
+
+    id = models.BigAutoField(primary_key=True)
+    queue = models.CharField(max_length=64, default="default")
+    task = models.CharField(max_length=255, help_text="Dotted path of the callable to run.")
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    priority = models.SmallIntegerField(default=0, help_text="Higher runs first.")
+    run_after = models.DateTimeField(default=timezone.now)
+    attempts = models.PositiveIntegerField(default=0)
+    max_attempts = models.PositiveIntegerField(default=3)
+    timeout = models.FloatField(null=True, blank=True, help_text="Seconds; empty = no limit.")
+    retry_backoff = models.FloatField(
+        null=True, blank=True, help_text="First retry delay in seconds; empty = global setting."
+    )
+    # Set while a job waits or runs; cleared when it finishes so the key can be reused.
+    unique_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
+    backend = models.CharField(
+        max_length=64, blank=True, default="", help_text="Django Tasks backend alias, if any."
+    )
+    owner = models.CharField(max_length=255, blank=True, default="")
+    owner_date = models.DateTimeField(
+        null=True, blank=True, help_text="When the owner last claimed or renewed its lease."
+    )
+    cancel_requested = models.BooleanField(default=False)
+    result = models.JSONField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+    errors = models.JSONField(
+        default=list, blank=True, help_text="Errors of earlier attempts, newest last."
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    objects = JobManager()
+
+    class Meta:
+        db_table = "dbqueue_job"
+        indexes = [
+            # The claim query, column for column: WHERE status, queue, run_after <= now
+            # ORDER BY priority DESC, run_after, id. InnoDB locks what it scans, so
+            # this index must match exactly.
+            models.Index(
+                fields=["status", "queue", "-priority", "run_after", "id"],
+                name="dbq_job_claim",
+            ),
+            # Lease recovery: claimed jobs whose owner stopped renewing.
+            models.Index(fields=["status", "owner_date"], name="dbq_job_lease"),
+            # Heartbeats and give-back: a worker's own claimed jobs.
+            models.Index(fields=["status", "owner"], name="dbq_job_owner"),
+            # History: failures since, throughput per minute, purging old rows.
+            models.Index(fields=["status", "finished_at"], name="dbq_job_finished"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.task} [{self.status}]"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in self.FINISHED
+
+    def refresh_status(self) -> str:
+        self.refresh_from_db(fields=["status"])
+        return self.status
+
+    def as_call(self) -> tuple[str, list[Any], dict[str, Any]]:
+        return self.task, list(self.args or []), dict(self.kwargs or {})
+
+
+class Worker(models.Model):
+    """A running worker process; it renews ``heartbeat_at`` while alive."""
+
+    name = models.CharField(max_length=255, unique=True)
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    queues = models.JSONField(default=list)
+    started_at = models.DateTimeField(default=timezone.now)
+    heartbeat_at = models.DateTimeField(default=timezone.now, db_index=True)
+    jobs_done = models.PositiveBigIntegerField(default=0)
+    jobs_failed = models.PositiveBigIntegerField(default=0)
+    stopping = models.BooleanField(default=False)
+
+    class Meta:
+        db_table = "dbqueue_worker"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Counter(models.Model):
+    """A named integer, for fencing tokens and wrap-around id counters."""
+
+    name = models.CharField(max_length=255, primary_key=True)
+    value = models.BigIntegerField(default=0)
+
+    class Meta:
+        db_table = "dbqueue_counter"
+
+    def __str__(self) -> str:
+        return f"{self.name}={self.value}"

@@ -1,0 +1,12 @@
+"""Signals sent by the queue. Receivers run in the sending process."""
+
+from django.dispatch import Signal
+
+# sender=Job, jobs=list[Job]; sent once the enqueueing transaction has committed.
+jobs_enqueued = Signal()
+# sender=Job, job=Job, worker=str; sent in the worker before the job runs.
+job_started = Signal()
+# sender=Job, job=Job, worker=str, result=Any; after the job returned and was recorded.
+job_finished = Signal()
+# sender=Job, job=Job, worker=str, exception=BaseException, will_retry=bool.
+job_failed = Signal()
