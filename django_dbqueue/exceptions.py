@@ -25,3 +25,17 @@ class WorkerShutdown(BaseException):
 
 class LeaseLost(DBQueueError):
     """This worker no longer owns the job: its lease ran out and another worker took it over."""
+
+
+class RetryJob(DBQueueError):
+    """Raise from a job to run it again later without counting a failed attempt.
+
+    Used, for example, when a job cannot get a named lock: it is not broken, just early.
+    """
+
+    def __init__(self, delay: float = 10.0, reason: str = "") -> None:
+        if delay < 0:
+            raise ValueError("delay must be >= 0 seconds")
+        self.delay = float(delay)
+        self.reason = reason
+        super().__init__(reason or f"retry in {delay:g} s")
