@@ -5,6 +5,7 @@ test suite runs on all three. DBQUEUE_DB_NAME names the database (tests set it s
 processes they start use the test database).
 """
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -100,14 +101,14 @@ else:
     raise RuntimeError(f"DBQUEUE_DB must be sqlite, mysql or postgres, not {DB_VENDOR!r}")
 
 REDIS_URL = os.environ.get("DBQUEUE_REDIS_URL", "redis://127.0.0.1:6379/0")
-CACHES = {
-    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
-    "redis": {
+CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+# The demo installs no extras; the tests install django-redis (the [redis] extra).
+if importlib.util.find_spec("django_redis"):
+    CACHES["redis"] = {
         "BACKEND": "django_redis.cache.RedisCache",
         "LOCATION": REDIS_URL,
         "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
-    },
-}
+    }
 
 DBQUEUE = {
     "QUEUES": ["default", "emails", "reports"],
