@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, models, router, transaction
-from django.db.models import F
+from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from django_dbqueue.conf import settings
@@ -27,12 +27,12 @@ CLAIM_ORDER = ("-priority", "run_after", "id")
 
 
 @contextmanager
-def claim_transaction(using: str) -> Iterator[None]:
-    """A short write transaction suited to claiming on this database.
+def write_transaction(using: str) -> Iterator[None]:
+    """A short read-then-write transaction suited to this database.
 
     SQLite has no ``SELECT ... FOR UPDATE``: the transaction takes the write lock at
-    BEGIN (IMMEDIATE), so two claimers queue on the busy timeout instead of both
-    reading the same rows and one failing to upgrade its lock.
+    BEGIN (IMMEDIATE), so two writers queue on the busy timeout instead of both
+    reading and one failing at once ("database is locked") when it upgrades its lock.
     """
     connection = connections[using]
     if connection.vendor != "sqlite" or connection.in_atomic_block:
@@ -97,7 +97,7 @@ class JobManager(models.Manager["Job"]):
         vendor = connections[using].vendor
         for _ in range(3):
             now = timezone.now()
-            with claim_transaction(using):
+            with write_transaction(using):
                 qs = self.get_queryset().using(using)
                 candidates = list(
                     qs.runnable(queues, now).values_list("id", flat=True)[:batch_size]
@@ -134,49 +134,38 @@ class JobManager(models.Manager["Job"]):
         return self.get_queryset().using(self._using()).filter(status=CLAIMED, owner=owner)
 
     def finish_done(self, owner: str, jobs: Sequence[Job]) -> set[int]:
-        """Record jobs as DONE; returns the ids this owner actually finished."""
+        """Record jobs as DONE in one UPDATE; returns the ids this owner actually finished.
+
+        Jobs another worker took over meanwhile (our lease ran out) are left alone.
+        """
         if not jobs:
             return set()
         now = timezone.now()
-        plain = [j for j in jobs if j.result is None]
-        with_result = [j for j in jobs if j.result is not None]
-        updated: set[int] = set()
-        with transaction.atomic(using=self._using()):
-            if plain:
-                ids = [j.id for j in plain]
-                lost = self._lost(owner, ids)
-                keep = [i for i in ids if i not in lost]
-                if keep:
-                    self._owned(owner).filter(id__in=keep).update(
-                        status=DONE, finished_at=now, unique_key=None, cancel_requested=False
-                    )
-                updated.update(keep)
-            if with_result:
-                ids = [j.id for j in with_result]
-                lost = self._lost(owner, ids)
-                keep_jobs = [j for j in with_result if j.id not in lost]
-                for job in keep_jobs:
-                    job.status, job.finished_at, job.unique_key = DONE, now, None
-                if keep_jobs:
-                    self._owned(owner).bulk_update(
-                        keep_jobs, ["status", "finished_at", "unique_key", "result"]
-                    )
-                updated.update(j.id for j in keep_jobs)
-        started = [j for j in jobs if j.id in updated and j.started_at is not None]
-        self._set_started(started)
-        return updated
-
-    def _set_started(self, jobs: Sequence[Job]) -> None:
-        # started_at is informational; written with the finish, not as an extra round trip
-        # per job before it runs.
-        if jobs:
-            self.get_queryset().using(self._using()).bulk_update(list(jobs), ["started_at"])
-
-    def _lost(self, owner: str, ids: Iterable[int]) -> set[int]:
-        """Ids among ``ids`` that are no longer claimed by ``owner``."""
-        ids = list(ids)
-        owned = set(self._owned(owner).filter(id__in=ids).values_list("id", flat=True))
-        return {i for i in ids if i not in owned}
+        using = self._using()
+        with write_transaction(using):
+            owned = self._owned(owner).filter(id__in=[j.id for j in jobs])
+            if connections[using].vendor != "sqlite":
+                owned = owned.select_for_update()
+            ids = set(owned.values_list("id", flat=True))
+            keep = [j for j in jobs if j.id in ids]
+            if not keep:
+                return set()
+            fields: dict[str, Any] = {"status": DONE, "finished_at": now, "unique_key": None}
+            started = [When(id=j.id, then=Value(j.started_at)) for j in keep if j.started_at]
+            if started:
+                fields["started_at"] = Case(*started, default=F("started_at"),
+                                            output_field=models.DateTimeField())
+            results = [
+                When(id=j.id, then=Value(j.result, output_field=models.JSONField()))
+                for j in keep if j.result is not None
+            ]
+            if results:
+                fields["result"] = Case(*results, default=F("result"),
+                                        output_field=models.JSONField())
+            self._owned(owner).filter(id__in=ids).update(**fields)
+        for job in keep:
+            job.status, job.finished_at, job.unique_key = DONE, now, None
+        return ids
 
     def finish_failed_attempt(
         self, owner: str, job: Job, error: str, error_class: str
@@ -247,7 +236,7 @@ class JobManager(models.Manager["Job"]):
         qs = self.get_queryset().using(self._using())
         expired = qs.filter(status=CLAIMED, owner_date__lt=cutoff)
         requeued = failed = 0
-        with claim_transaction(self._using()):
+        with write_transaction(self._using()):
             rows = list(
                 expired.select_for_update(skip_locked=True).values_list(
                     "id", "owner", "attempts", "max_attempts"
