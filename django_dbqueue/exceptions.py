@@ -23,6 +23,10 @@ class WorkerShutdown(BaseException):
     """Raised inside a running job when the worker is told to stop at once (second signal)."""
 
 
+class JobCancelled(BaseException):
+    """Raised inside a running job whose cancellation an operator requested."""
+
+
 class LeaseLost(DBQueueError):
     """This worker no longer owns the job: its lease ran out and another worker took it over."""
 

@@ -8,7 +8,7 @@ transaction is short and never spans a job's execution. Database differences liv
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -153,15 +153,18 @@ class JobManager(models.Manager["Job"]):
             fields: dict[str, Any] = {"status": DONE, "finished_at": now, "unique_key": None}
             started = [When(id=j.id, then=Value(j.started_at)) for j in keep if j.started_at]
             if started:
-                fields["started_at"] = Case(*started, default=F("started_at"),
-                                            output_field=models.DateTimeField())
+                fields["started_at"] = Case(
+                    *started, default=F("started_at"), output_field=models.DateTimeField()
+                )
             results = [
                 When(id=j.id, then=Value(j.result, output_field=models.JSONField()))
-                for j in keep if j.result is not None
+                for j in keep
+                if j.result is not None
             ]
             if results:
-                fields["result"] = Case(*results, default=F("result"),
-                                        output_field=models.JSONField())
+                fields["result"] = Case(
+                    *results, default=F("result"), output_field=models.JSONField()
+                )
             self._owned(owner).filter(id__in=ids).update(**fields)
         for job in keep:
             job.status, job.finished_at, job.unique_key = DONE, now, None
@@ -214,9 +217,29 @@ class JobManager(models.Manager["Job"]):
 
     # -- leases ------------------------------------------------------------------------
 
-    def renew_leases(self, owner: str) -> int:
-        """Heartbeat: keep every job this owner holds from being recovered."""
-        return self._owned(owner).update(owner_date=timezone.now())
+    def renew_leases(self, owner: str, ids: Sequence[int]) -> int:
+        """Heartbeat: keep the jobs this owner knows it holds from being recovered."""
+        if not ids:
+            return 0
+        return self._owned(owner).filter(id__in=list(ids)).update(owner_date=timezone.now())
+
+    def retry_later(self, owner: str, job: Job, delay: float, reason: str) -> bool:
+        """The job asked to run again later (RetryJob): requeue it, attempt not counted."""
+        run_after = timezone.now() + timedelta(seconds=delay)
+        updated = (
+            self._owned(owner)
+            .filter(id=job.id)
+            .update(
+                status=QUEUED,
+                run_after=run_after,
+                owner_date=None,
+                attempts=F("attempts") - 1,
+                last_error=f"Deferred by the job itself: {reason}",
+            )
+        )
+        if updated:
+            job.status, job.run_after, job.attempts = QUEUED, run_after, job.attempts - 1
+        return bool(updated)
 
     def cancel_requested_ids(self, owner: str, ids: Sequence[int]) -> set[int]:
         return set(

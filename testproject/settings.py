@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 SECRET_KEY = "dbqueue-demo-not-secret"
@@ -101,7 +102,9 @@ else:
     raise RuntimeError(f"DBQUEUE_DB must be sqlite, mysql or postgres, not {DB_VENDOR!r}")
 
 REDIS_URL = os.environ.get("DBQUEUE_REDIS_URL", "redis://127.0.0.1:6379/0")
-CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+CACHES: dict[str, dict[str, Any]] = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+}
 # The demo installs no extras; the tests install django-redis (the [redis] extra).
 if importlib.util.find_spec("django_redis"):
     CACHES["redis"] = {
@@ -110,7 +113,7 @@ if importlib.util.find_spec("django_redis"):
         "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
     }
 
-DBQUEUE = {
+DBQUEUE: dict[str, Any] = {
     "QUEUES": ["default", "emails", "reports"],
     "LOCK_REDIS_ALIAS": "redis",
 }

@@ -13,6 +13,19 @@ import pytest
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
+VENDORS = {"sqlite": "sqlite", "mysql": "mysql", "postgres": "postgresql"}
+CURRENT_VENDOR = VENDORS[os.environ.get("DBQUEUE_DB", "sqlite")]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect (not skip) tests marked ``only_vendor(...)`` for another database run."""
+    keep, drop = [], []
+    for item in items:
+        marker = item.get_closest_marker("only_vendor")
+        (keep if marker is None or CURRENT_VENDOR in marker.args else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture
