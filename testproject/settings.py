@@ -114,7 +114,8 @@ DBQUEUE = {
     "LOCK_REDIS_ALIAS": "redis",
 }
 
-TASKS = {"default": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend"}}
+# @task functions (Django Tasks) go through the same Job table and run_jobs workers.
+TASKS = {"default": {"BACKEND": "django_dbqueue.backends.DBQueueBackend"}}
 
 LOGGING = {
     "version": 1,
