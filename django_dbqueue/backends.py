@@ -66,8 +66,11 @@ class DBQueueTask(Task[P, T]):
         timeout: float | None = None,
         retry_backoff: float | None = None,
         unique_key: str | None = None,
+        **other: Any,
     ) -> Self:
+        """A copy with other defaults; ``other`` passes on options of newer Django versions."""
         changes: dict[str, Any] = {
+            **other,
             "priority": priority,
             "queue_name": queue_name,
             "run_after": run_after,

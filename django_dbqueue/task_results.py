@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from django_dbqueue import signals
+from django_dbqueue.backends import DBQueueBackend, DBQueueTask
 from django_dbqueue.exceptions import TaskNotFound
 from django_dbqueue.framework import (
     BaseTaskBackend,
@@ -65,9 +66,13 @@ def task_of_job(job: Job, target: object = None) -> Task[..., Any]:
         changes["backend"] = job.backend
     # A job's run_after is its enqueue time unless it was deferred (or is waiting to retry).
     changes["run_after"] = job.run_after if job.run_after > job.created_at else None
-    for name, value in (("max_attempts", job.max_attempts), ("timeout", job.timeout)):
-        if name in {f.name for f in dataclasses.fields(target)}:
-            changes[name] = value
+    if isinstance(target, DBQueueTask):
+        changes.update(
+            max_attempts=job.max_attempts,
+            timeout=job.timeout,
+            retry_backoff=job.retry_backoff,
+            unique_key=job.unique_key,
+        )
     try:
         # replace() re-validates against the backend: a job enqueued before a settings
         # change must still be readable, so fall back to the task as declared.
@@ -113,8 +118,6 @@ def backend_class(alias: str) -> type[BaseTaskBackend]:
     try:
         return type(task_backends[alias])
     except InvalidTaskBackend:
-        from django_dbqueue.backends import DBQueueBackend
-
         return DBQueueBackend
 
 

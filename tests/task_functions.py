@@ -58,3 +58,8 @@ def _helper() -> int:
 
 # Declared under another name than its function's: workers could not find this Task.
 renamed = task(_helper)
+
+
+@task(max_attempts=1, timeout=0.3)
+async def async_too_slow(seconds: float) -> None:
+    await asyncio.sleep(seconds)

@@ -202,6 +202,27 @@ def test_timeout_option_stops_the_task() -> None:
     assert "timeout of 0.5 s" in result.errors[0].traceback
 
 
+def test_timeout_stops_waiting_for_an_async_task() -> None:
+    result = task_functions.async_too_slow.enqueue(1.0)  # timeout=0.3
+    after = task_functions.add.enqueue(1, 1)
+    drain()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[0].exception_class_path == "django_dbqueue.exceptions.JobTimeout"
+    after.refresh()
+    assert after.return_value == 2, "the worker went on to the next job"
+
+
+def test_claimed_job_reads_as_running_with_its_worker() -> None:
+    result = task_functions.add.enqueue(1, 2)
+    [job] = Job.objects.claim("host:1:abc", 10, ["default"])
+    assert job.pk == int(result.id)
+    result.refresh()
+    assert result.status == TaskResultStatus.RUNNING
+    assert result.worker_ids == ["host:1:abc"]
+    assert not result.is_finished
+
+
 def test_cancelled_job_reads_as_failed() -> None:
     result = task_functions.add.enqueue(1, 2)
     Job.objects.filter(pk=int(result.id)).update(
@@ -219,7 +240,11 @@ def test_signals_follow_the_job(received: list[tuple[str, TaskResult[Any, Any]]]
     with transaction.atomic():
         ok = task_functions.add.enqueue(4, 4)
         assert received == [], "task_enqueued waits for the commit, like the job itself"
+    with pytest.raises(RuntimeError), transaction.atomic():
+        task_functions.add.enqueue(0, 0)
+        raise RuntimeError("rolled back")
     bad = task_functions.fail.using(max_attempts=1).enqueue("no")
+    assert Job.objects.count() == 2, "the rolled-back task was never enqueued"
     assert [(name, r.id) for name, r in received] == [("enqueued", ok.id), ("enqueued", bad.id)]
     received.clear()
     drain()
