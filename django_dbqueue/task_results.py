@@ -139,6 +139,10 @@ def _send_finished(job: Job) -> None:
         result = task_result_from_job(job)
     except (TaskResultDoesNotExist, TaskNotFound):
         return  # a plain function, or a task that never imported: nothing to report
+    except Exception:
+        # Runs inside the worker's bookkeeping: report, never stop the worker.
+        logger.exception("Could not build the TaskResult of job %s for task_finished", job.pk)
+        return
     # send_robust: a broken receiver must not stop the worker recording other jobs.
     for receiver, response in task_finished.send_robust(
         backend_class(result.backend), task_result=result
