@@ -118,7 +118,8 @@ DBQUEUE: dict[str, Any] = {
     "LOCK_REDIS_ALIAS": "redis",
 }
 
-TASKS = {"default": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend"}}
+# @task functions (Django Tasks) go through the same Job table and run_jobs workers.
+TASKS = {"default": {"BACKEND": "django_dbqueue.backends.DBQueueBackend"}}
 
 LOGGING = {
     "version": 1,
