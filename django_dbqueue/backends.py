@@ -225,7 +225,7 @@ class DBQueueBackend(BaseTaskBackend):
                     f"TASKS[{self.alias!r}] uses DBQueueBackend but django_dbqueue is not "
                     "installed.",
                     hint="Add 'django_dbqueue' to INSTALLED_APPS and run migrate.",
-                    id="django_dbqueue.E101",
+                    id="django_dbqueue.E201",
                 )
             )
         if self.explicit_queues:
@@ -237,7 +237,7 @@ class DBQueueBackend(BaseTaskBackend):
                         "DBQUEUE['QUEUES'] does not: no worker would run those tasks.",
                         hint="Add them to DBQUEUE['QUEUES'], or drop QUEUES from the TASKS "
                         "entry (every DBQUEUE queue is then allowed).",
-                        id="django_dbqueue.E102",
+                        id="django_dbqueue.E202",
                     )
                 )
         return messages

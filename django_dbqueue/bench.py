@@ -96,9 +96,9 @@ def bench_latency(samples: int) -> dict[str, float]:
                 row = Job.objects.filter(pk=job.pk, status=Job.Status.DONE).values_list(
                     "created_at", "started_at"
                 ).first()
-                if row is not None and row[1] is not None:
-                    created, started = row
-                    latencies.append((started - created).total_seconds() * 1000)
+                started = row[1] if row is not None else None
+                if row is not None and started is not None:
+                    latencies.append((started - row[0]).total_seconds() * 1000)
                     break
                 if time.monotonic() > deadline:
                     raise RuntimeError("a latency sample was not picked up within 30 s")

@@ -376,7 +376,7 @@ def test_tasks_queues_narrow_what_the_backend_accepts() -> None:
 def test_check_reports_tasks_queues_that_no_worker_runs() -> None:
     backend = DBQueueBackend("other", {"BACKEND": BACKEND, "QUEUES": ["default", "ghosts"]})
     messages = backend.check()
-    assert [m.id for m in messages] == ["django_dbqueue.E102"]
+    assert [m.id for m in messages] == ["django_dbqueue.E202"]
     assert isinstance(messages[0], Error) and "ghosts" in messages[0].msg
     assert task_backends["default"].check() == []
 
@@ -386,7 +386,7 @@ def test_check_reports_the_app_missing() -> None:
     apps_without_us = ["django.contrib.contenttypes", "django.contrib.auth", "django_tasks"]
     with override_settings(INSTALLED_APPS=apps_without_us):
         messages = backend.check()
-    assert [m.id for m in messages] == ["django_dbqueue.E101"]
+    assert [m.id for m in messages] == ["django_dbqueue.E201"]
     assert "INSTALLED_APPS" in str(messages[0].hint)
 
 
