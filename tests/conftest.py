@@ -81,3 +81,15 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 60.0, interval: fl
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout} s")
         time.sleep(interval)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect (not skip) tests marked ``only_vendor(...)`` for another database's run."""
+    vendor = os.environ.get("DBQUEUE_DB", "sqlite")
+    kept, deselected = [], []
+    for item in items:
+        marker = item.get_closest_marker("only_vendor")
+        (kept if marker is None or vendor in marker.args else deselected).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
