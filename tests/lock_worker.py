@@ -30,11 +30,11 @@ def read_modify_write(backend: str, key: str) -> None:
     if backend == "redis":
         client = redis_client()
         value = int(client.get(key) or 0)
-        time.sleep(0.002)
+        time.sleep(0.005)
         client.set(key, value + 1)
     else:
         value = Counter.objects.get(name=key).value
-        time.sleep(0.002)
+        time.sleep(0.005)
         Counter.objects.filter(name=key).update(value=value + 1)
 
 

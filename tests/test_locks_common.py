@@ -97,7 +97,7 @@ def test_semaphore_never_exceeds_its_limit_and_reaches_it(
         backend=backend,
         name=lock_name,
         limit=3,
-        hold=0.15,
+        hold=0.25,
         iterations=3,
         counter=f"{lock_name}-ids",
         counter_backend=counter_backend(backend),

@@ -3,6 +3,7 @@ Redis server is the same for every run)."""
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import uuid
@@ -143,7 +144,9 @@ def test_without_the_lock_the_same_processes_do_lose_updates(
     assert int(redis_client().get(key)) < 60
 
 
-def test_checks_report_a_lock_configuration_that_cannot_work() -> None:
+def test_checks_report_a_lock_configuration_that_cannot_work(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from django.conf import settings
 
     def ids(**dbqueue: Any) -> list[str]:
@@ -163,3 +166,5 @@ def test_checks_report_a_lock_configuration_that_cannot_work() -> None:
     }
     with override_settings(CACHES=shared_cache):
         assert [m.id for m in check_lock_settings()] == ["django_dbqueue.W101"]
+    monkeypatch.setitem(sys.modules, "django_redis", None)  # as if not installed
+    assert ids() == ["django_dbqueue.E104"]

@@ -90,7 +90,12 @@ class BaseLock(ABC):
             deadline = time.monotonic() + blocking_timeout
         pause = MIN_POLL
         while True:
-            if self.do_acquire():
+            try:
+                acquired = self.do_acquire()
+            except BaseException:
+                self.close()  # a half-made acquisition must not keep a session (or slot)
+                raise
+            if acquired:
                 self.held, self.lost = True, False
                 return True
             if deadline is not None and time.monotonic() >= deadline:

@@ -11,6 +11,7 @@ mode, so the lock never depends on the caller's transactions.
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from django.db import DatabaseError, connections
@@ -57,18 +58,17 @@ class DatabaseLock(BaseLock):
         return False
 
     def do_release(self) -> bool:
-        assert self.slot is not None
-        try:
-            return self.unlock(self.slot)
-        except DatabaseError:
-            # The session is gone (killed, server restarted, network): so is its lock.
-            return False
+        return self.ask_session(self.unlock)
 
     def do_owned(self) -> bool:
+        return self.ask_session(self.is_mine)
+
+    def ask_session(self, question: Callable[[str], bool]) -> bool:
         assert self.slot is not None
         try:
-            return self.is_mine(self.slot)
+            return question(self.slot)
         except DatabaseError:
+            # The session is gone (killed, server restarted, network): so is its lock.
             return False
 
     def close(self) -> None:
