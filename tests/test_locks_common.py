@@ -17,6 +17,7 @@ import pytest
 from django.db import transaction
 from django.test import Client, override_settings
 
+from django_dbqueue.checks import check_lock_settings
 from django_dbqueue.conf import settings as dbqueue_settings
 from django_dbqueue.exceptions import RetryJob
 from django_dbqueue.locks import (
@@ -258,3 +259,20 @@ def test_bad_arguments_are_refused_with_a_clear_error(backend: str) -> None:
         with named_lock("x", timeout=-1):
             pass
     assert dbqueue_settings.LOCK_BACKEND == backend
+
+
+@pytest.mark.only_vendor("mysql", "postgres")
+def test_checks_and_backends_refuse_a_database_of_another_vendor(backend: str) -> None:
+    from django.conf import settings
+
+    other = {"mysql": "postgres", "postgres": "mysql"}[backend]
+
+    def ids(name: str) -> list[str]:
+        with override_settings(DBQUEUE={**settings.DBQUEUE, "LOCK_BACKEND": name}):
+            return [message.id or "" for message in check_lock_settings()]
+
+    assert ids(backend) == []
+    assert ids(other) == ["django_dbqueue.E103"]
+    with pytest.raises(ValueError, match=f"The {other} lock backend needs"):
+        with named_lock("x", backend=other):
+            pass

@@ -6,9 +6,7 @@ import uuid
 
 import pytest
 from django.db import close_old_connections, connection
-from django.test import override_settings
 
-from django_dbqueue.checks import check_lock_settings
 from django_dbqueue.locks import LockLost, named_lock
 from django_dbqueue.locks.base import short_name
 from django_dbqueue.locks.mysql import MAX_NAME, MySQLLock
@@ -64,17 +62,3 @@ def test_a_killed_holder_session_is_detected() -> None:
             # The server dropped the lock with the session: someone else can have it now.
             with named_lock(name, backend="mysql", blocking_timeout=5) as successor:
                 assert successor.owned()
-
-
-def test_checks_and_backends_refuse_a_database_of_another_vendor() -> None:
-    from django.conf import settings
-
-    def ids(backend: str) -> list[str]:
-        with override_settings(DBQUEUE={**settings.DBQUEUE, "LOCK_BACKEND": backend}):
-            return [message.id or "" for message in check_lock_settings()]
-
-    assert ids("mysql") == []
-    assert ids("postgres") == ["django_dbqueue.E103"]
-    with pytest.raises(ValueError, match="needs a postgresql database"):
-        with named_lock("x", backend="postgres"):
-            pass
