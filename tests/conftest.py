@@ -14,7 +14,8 @@ from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
 VENDORS = {"sqlite": "sqlite", "mysql": "mysql", "postgres": "postgresql"}
-CURRENT_VENDOR = VENDORS[os.environ.get("DBQUEUE_DB", "sqlite")]
+CURRENT_DB = os.environ.get("DBQUEUE_DB", "sqlite")
+CURRENT_VENDOR = VENDORS[CURRENT_DB]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -22,7 +23,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     keep, drop = [], []
     for item in items:
         marker = item.get_closest_marker("only_vendor")
-        (keep if marker is None or CURRENT_VENDOR in marker.args else drop).append(item)
+        wanted = set(marker.args) if marker is not None else set()
+        (keep if marker is None or wanted & {CURRENT_VENDOR, CURRENT_DB} else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
