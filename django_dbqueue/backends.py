@@ -174,7 +174,7 @@ class DBQueueBackend(BaseTaskBackend):
         that is already taken (the existing job's result is returned then).
         """
         from django_dbqueue import signals
-        from django_dbqueue.api import _insert_unique
+        from django_dbqueue.api import save_job
         from django_dbqueue.models import Job
         from django_dbqueue.task_results import task_result_from_job
 
@@ -183,13 +183,7 @@ class DBQueueBackend(BaseTaskBackend):
         # The task's options were checked when it was declared (validate_task), so what
         # fails here is the arguments: InvalidJob, as from django_dbqueue.enqueue().
         job = self._build_job(task, args, kwargs)
-        using = router.db_for_write(Job)
-        if job.unique_key is None:
-            job.save(using=using, force_insert=True)
-            created = True
-        else:
-            saved = _insert_unique(job, using)
-            created, job = saved is job, saved
+        job, created = save_job(job)
         result: TaskResult[Any, Any] = task_result_from_job(job, task if created else None)
         if created:
             sender = type(self)
@@ -198,7 +192,7 @@ class DBQueueBackend(BaseTaskBackend):
                 signals.jobs_enqueued.send(Job, jobs=[job])
                 task_enqueued.send(sender, task_result=result)
 
-            transaction.on_commit(on_commit, using=using)
+            transaction.on_commit(on_commit, using=router.db_for_write(Job))
         return result
 
     def get_result(self, result_id: str) -> TaskResult[..., Any]:

@@ -247,7 +247,12 @@ class JobManager(models.Manager["Job"]):
         now = timezone.now()
         errors = list(job.errors or [])
         errors.append(
-            {"exception_class_path": error_class, "traceback": error, "at": now.isoformat()}
+            {
+                "exception_class_path": error_class,
+                "traceback": error,
+                "at": now.isoformat(),
+                "worker": owner,
+            }
         )
         errors = errors[-int(settings.KEEP_ERRORS) :]
         fields: dict[str, Any] = {"last_error": error, "errors": errors, "cancel_requested": False}

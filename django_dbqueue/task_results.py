@@ -103,9 +103,7 @@ def task_result_from_job(job: Job, task: Task[..., Any] | None = None) -> TaskRe
             )
             for error in (job.errors or [])
         ],
-        # The framework counts attempts as len(worker_ids). The row keeps only the latest
-        # worker, so it stands for every attempt: TaskResult.attempts == Job.attempts.
-        worker_ids=[job.owner] * job.attempts if job.owner else [],
+        worker_ids=_worker_ids(job),
     )
     if status == TaskResultStatus.SUCCESSFUL:
         # TaskResult is frozen; the framework's own backends set the value this way.
@@ -170,3 +168,17 @@ def on_job_failed(sender: Any, job: Job, will_retry: bool, **kwargs: Any) -> Non
 
 signals.job_finished.connect(on_job_finished, dispatch_uid="django_dbqueue.task_finished.done")
 signals.job_failed.connect(on_job_failed, dispatch_uid="django_dbqueue.task_finished.failed")
+
+
+def _worker_ids(job: Job) -> list[str]:
+    """One worker id per attempt (the framework counts attempts as ``len(worker_ids)``).
+
+    Failed attempts name their worker in ``Job.errors``; the latest attempt, and any
+    attempt without an entry (recovered after a crash, or past ``KEEP_ERRORS``), is
+    credited to ``Job.owner``.
+    """
+    if not job.attempts or not job.owner:
+        return []
+    failed = [str(error.get("worker") or job.owner) for error in (job.errors or [])]
+    missing = max(job.attempts - len(failed), 0)
+    return (failed + [job.owner] * missing)[-job.attempts :]
