@@ -7,4 +7,5 @@ class DBQueueConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_dbqueue import checks  # noqa: F401  (registers the system checks)
+        # Imported for their side effects: system checks and the wake-up signal receiver.
+        from django_dbqueue import checks, wakeup  # noqa: F401

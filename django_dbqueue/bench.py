@@ -93,9 +93,11 @@ def bench_latency(samples: int) -> dict[str, float]:
             job = enqueue(noop)
             deadline = time.monotonic() + 30
             while True:
-                row = Job.objects.filter(pk=job.pk, status=Job.Status.DONE).values_list(
-                    "created_at", "started_at"
-                ).first()
+                row = (
+                    Job.objects.filter(pk=job.pk, status=Job.Status.DONE)
+                    .values_list("created_at", "started_at")
+                    .first()
+                )
                 started = row[1] if row is not None else None
                 if row is not None and started is not None:
                     latencies.append((started - row[0]).total_seconds() * 1000)
@@ -123,9 +125,15 @@ def fill_history(rows: int, report: Callable[[str], None]) -> float:
     while done < rows:
         size = min(chunk, rows - done)
         batch = [
-            Job(task="django_dbqueue.bench.noop", status=Job.Status.DONE, owner="bench-history",
-                created_at=now - timedelta(seconds=rows - done - i), run_after=now,
-                finished_at=now, attempts=1)
+            Job(
+                task="django_dbqueue.bench.noop",
+                status=Job.Status.DONE,
+                owner="bench-history",
+                created_at=now - timedelta(seconds=rows - done - i),
+                run_after=now,
+                finished_at=now,
+                attempts=1,
+            )
             for i in range(size)
         ]
         with transaction.atomic(using=using):

@@ -36,7 +36,9 @@ DEFAULTS: dict[str, Any] = {
     "LOCK_TIMEOUT": 60.0,  # lease in seconds for backends whose locks expire (redis)
     # What to do when a lock is released inside an open transaction: "warn", "raise", "ignore"
     "LOCK_RELEASE_IN_TRANSACTION": "warn",
-    # Wake-up: Redis cache alias used to wake idle workers on MySQL/MariaDB/SQLite
+    # Wake idle workers when jobs are enqueued: LISTEN/NOTIFY on PostgreSQL; elsewhere a
+    # Redis channel when WAKEUP_REDIS_ALIAS names a django-redis cache; else polling.
+    "WAKEUP": True,
     "WAKEUP_REDIS_ALIAS": None,
 }
 

@@ -143,7 +143,8 @@ class JobManager(models.Manager["Job"]):
             sql = one
         else:
             parts = " UNION ALL ".join(
-                f"SELECT * FROM ({one}) AS q{i}" for i in range(len(queues))  # noqa: S608
+                f"SELECT * FROM ({one}) AS q{i}"  # noqa: S608
+                for i in range(len(queues))
             )
             sql = f"SELECT * FROM ({parts}) AS c ORDER BY {order} LIMIT %s"  # noqa: S608
             params.append(limit)
@@ -202,8 +203,11 @@ class JobManager(models.Manager["Job"]):
         meta = self.model._meta
         qn = conn.ops.quote_name
         now = timezone.now()
-        assignments = [f"{qn('status')} = %s", f"{qn('finished_at')} = %s",
-                       f"{qn('unique_key')} = NULL"]
+        assignments = [
+            f"{qn('status')} = %s",
+            f"{qn('finished_at')} = %s",
+            f"{qn('unique_key')} = NULL",
+        ]
         params: list[Any] = [DONE, meta.get_field("finished_at").get_db_prep_value(now, conn)]
         for name in ("started_at", "result"):
             field = cast(models.Field[Any, Any], meta.get_field(name))
@@ -229,8 +233,10 @@ class JobManager(models.Manager["Job"]):
         else:
             # Some were taken over; the ones now DONE under our name are the ones we wrote.
             finished = set(
-                self.get_queryset().using(using)
-                .filter(id__in=ids, status=DONE, owner=owner).values_list("id", flat=True)
+                self.get_queryset()
+                .using(using)
+                .filter(id__in=ids, status=DONE, owner=owner)
+                .values_list("id", flat=True)
             )
         for job in jobs:
             if job.id in finished:

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 from django.utils import timezone
 
-from django_dbqueue import signals
+from django_dbqueue import signals, wakeup
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import JobCancelled, JobTimeout, RetryJob, WorkerShutdown
 from django_dbqueue.execution import call_job, time_limit
@@ -121,6 +121,8 @@ class Worker:
         # Separate from `stopping`: leases must be renewed until the last job is recorded.
         self._heartbeat_stop = threading.Event()
         self._give_up_at: float | None = None  # set while stopping; see _shutdown()
+        self._listener: wakeup.Listener | None = None
+        self._listen_retry_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -194,12 +196,46 @@ class Worker:
                 self._flush(force=True)
                 if self.burst:
                     break
-                self.stopping.wait(idle_sleep)
+                self._idle(idle_sleep)
                 idle_sleep = min(idle_sleep * 2, float(settings.POLL_INTERVAL))
                 continue
             idle_sleep = float(settings.MIN_POLL_INTERVAL)
             self._run_batch(jobs)
             self._flush(force=True)
+
+    def _idle(self, poll_sleep: float) -> None:
+        """Wait for a wake-up notification, or for the next poll when there is none."""
+        now = time.monotonic()
+        if self._listener is None and now >= self._listen_retry_at:
+            self._listener = wakeup.listen(self.queues)
+            self._listen_retry_at = now + 30
+        if self._listener is None:
+            self.stopping.wait(poll_sleep)
+            return
+        # Notified workers wake at once; polling every POLL_INTERVAL stays as the safety
+        # net (and picks up jobs whose run_after has come). Short slices keep a stop
+        # signal from waiting out the whole interval.
+        deadline = now + float(settings.POLL_INTERVAL)
+        try:
+            while not self.stopping.is_set() and (left := deadline - time.monotonic()) > 0:
+                if self._listener.wait(min(left, 0.25)):
+                    return
+        except Exception as exc:
+            logger.warning(
+                "Worker %s: wake-up listener failed (%s); polling for now",
+                self.name,
+                exc,
+                extra={"event": "wakeup_error", "worker": self.name},
+            )
+            self._close_listener()
+
+    def _close_listener(self) -> None:
+        if self._listener is not None:
+            try:
+                self._listener.close()
+            except Exception:  # closing a broken connection may fail again; it is gone
+                logger.debug("closing the wake-up listener failed", exc_info=True)
+            self._listener = None
 
     def _claim(self) -> list[Job]:
         limit = self.batch_size
@@ -434,6 +470,8 @@ class Worker:
             if held:
                 self._notice_cancellations(held)
             requeued, failed = Job.objects.recover_expired()
+            if requeued:
+                wakeup.notify(settings.QUEUES)
             if requeued or failed:
                 logger.warning(
                     "Recovered %s job(s) of workers that stopped renewing their "
@@ -474,6 +512,7 @@ class Worker:
             if unstarted:
                 given = self._retry_db(lambda: Job.objects.give_back(self.name, unstarted))
                 self._release(*unstarted)
+                wakeup.notify(self.queues)
                 logger.info(
                     "Worker %s: gave back %s unstarted job(s)",
                     self.name,
@@ -490,6 +529,7 @@ class Worker:
                 exc,
             )
         finally:
+            self._close_listener()
             self._heartbeat_stop.set()
             if self._heartbeat is not None:
                 self._heartbeat.join(timeout=30)

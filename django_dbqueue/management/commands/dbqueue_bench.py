@@ -20,25 +20,54 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--jobs", type=positive_int, default=20_000,
-                            help="Jobs per drain measurement (default 20000).")
-        parser.add_argument("--workers", type=positive_int, default=2,
-                            help="Worker processes draining (default 2).")
-        parser.add_argument("--batch-size", type=positive_int, default=None,
-                            help="Claim batch size (default DBQUEUE['BATCH_SIZE']).")
-        parser.add_argument("--single", type=positive_int, default=2_000,
-                            help="Jobs enqueued one at a time (default 2000).")
-        parser.add_argument("--bulk", type=positive_int, default=50_000,
-                            help="Jobs enqueued with enqueue_many (default 50000).")
-        parser.add_argument("--samples", type=positive_int, default=200,
-                            help="Idle pickup latency samples (default 200).")
-        parser.add_argument("--history", type=positive_int, default=1_000_000,
-                            help="Finished rows in the table for the last drain (default 1M).")
-        parser.add_argument("--only", action="append", choices=PARTS,
-                            help="Run only these parts (repeatable).")
+        parser.add_argument(
+            "--jobs",
+            type=positive_int,
+            default=20_000,
+            help="Jobs per drain measurement (default 20000).",
+        )
+        parser.add_argument(
+            "--workers", type=positive_int, default=2, help="Worker processes draining (default 2)."
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=positive_int,
+            default=None,
+            help="Claim batch size (default DBQUEUE['BATCH_SIZE']).",
+        )
+        parser.add_argument(
+            "--single",
+            type=positive_int,
+            default=2_000,
+            help="Jobs enqueued one at a time (default 2000).",
+        )
+        parser.add_argument(
+            "--bulk",
+            type=positive_int,
+            default=50_000,
+            help="Jobs enqueued with enqueue_many (default 50000).",
+        )
+        parser.add_argument(
+            "--samples",
+            type=positive_int,
+            default=200,
+            help="Idle pickup latency samples (default 200).",
+        )
+        parser.add_argument(
+            "--history",
+            type=positive_int,
+            default=1_000_000,
+            help="Finished rows in the table for the last drain (default 1M).",
+        )
+        parser.add_argument(
+            "--only", action="append", choices=PARTS, help="Run only these parts (repeatable)."
+        )
         parser.add_argument("--json", action="store_true", help="Print one JSON object.")
-        parser.add_argument("--yes", action="store_true",
-                            help="Do not ask before deleting the jobs already in the table.")
+        parser.add_argument(
+            "--yes",
+            action="store_true",
+            help="Do not ask before deleting the jobs already in the table.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         parts = options["only"] or list(PARTS)
@@ -59,7 +88,13 @@ class Command(BaseCommand):
         vendor = connections[router.db_for_write(Job)].vendor
         results = bench.Results(vendor=vendor, workers=options["workers"])
         fig = results.figures
-        say(f"dbqueue_bench on {vendor}, {options['workers']} worker process(es)")
+        from django_dbqueue import wakeup
+
+        results.notes["wakeup"] = wakeup.method()
+        say(
+            f"dbqueue_bench on {vendor}, {options['workers']} worker process(es), "
+            f"wake-up: {results.notes['wakeup']}"
+        )
         bench.clear_jobs()
         if "enqueue" in parts:
             fig["enqueue_single_per_s"] = bench.bench_enqueue_single(options["single"])
@@ -69,29 +104,42 @@ class Command(BaseCommand):
             say(f"  enqueue_many:          {fig['enqueue_bulk_per_s']:,.0f} jobs/s")
             bench.clear_jobs()
         if "drain" in parts:
-            fig["drain_per_s"] = bench.bench_drain(options["jobs"], options["workers"],
-                                                   options["batch_size"])
+            fig["drain_per_s"] = bench.bench_drain(
+                options["jobs"], options["workers"], options["batch_size"]
+            )
             say(f"  drain, empty table:    {fig['drain_per_s']:,.0f} jobs/s")
             bench.clear_jobs()
         if "latency" in parts:
             lat = bench.bench_latency(options["samples"])
             fig.update({f"latency_{k}_ms": v for k, v in lat.items()})
-            say(f"  idle pickup latency:   p50 {lat['p50']:.1f} ms, p90 {lat['p90']:.1f} ms, "
-                f"p99 {lat['p99']:.1f} ms")
+            say(
+                f"  idle pickup latency:   p50 {lat['p50']:.1f} ms, p90 {lat['p90']:.1f} ms, "
+                f"p99 {lat['p99']:.1f} ms"
+            )
             bench.clear_jobs()
         if "history" in parts:
             seconds = bench.fill_history(options["history"], say)
             results.notes["history_rows"] = options["history"]
             results.notes["history_fill_s"] = round(seconds, 1)
             fig["drain_with_history_per_s"] = bench.bench_drain(
-                options["jobs"], options["workers"], options["batch_size"])
-            say(f"  drain, {options['history']:,} finished rows: "
-                f"{fig['drain_with_history_per_s']:,.0f} jobs/s")
+                options["jobs"], options["workers"], options["batch_size"]
+            )
+            say(
+                f"  drain, {options['history']:,} finished rows: "
+                f"{fig['drain_with_history_per_s']:,.0f} jobs/s"
+            )
             bench.clear_jobs()
         if quiet:
-            self.stdout.write(json.dumps({"vendor": results.vendor, "workers": results.workers,
-                                          **{k: round(v, 2) for k, v in fig.items()},
-                                          **results.notes}))
+            self.stdout.write(
+                json.dumps(
+                    {
+                        "vendor": results.vendor,
+                        "workers": results.workers,
+                        **{k: round(v, 2) for k, v in fig.items()},
+                        **results.notes,
+                    }
+                )
+            )
         else:
             self._table(results)
 
