@@ -365,7 +365,8 @@ class JobAdmin(admin.ModelAdmin[Job]):
     # -- actions -----------------------------------------------------------------------
 
     def _report(self, request: HttpRequest, done: int, selected: int, verb: str, why: str) -> None:
-        self.message_user(request, f"{verb} {done} job(s).", messages.SUCCESS)
+        """``verb`` has a ``{n}`` for the number of jobs changed."""
+        self.message_user(request, verb.format(n=done), messages.SUCCESS)
         if selected > done:
             self.message_user(
                 request,
@@ -380,7 +381,7 @@ class JobAdmin(admin.ModelAdmin[Job]):
             request,
             sum(counts),
             selected,
-            "Requeued",
+            "Requeued {n} job(s).",
             "only failed, cancelled or done jobs can be requeued.",
         )
 
@@ -391,7 +392,7 @@ class JobAdmin(admin.ModelAdmin[Job]):
             request,
             sum(counts),
             selected,
-            "Requeued to run now",
+            "Requeued {n} job(s) to run now.",
             "only failed, cancelled or done jobs can be requeued.",
         )
 
@@ -422,7 +423,11 @@ class JobAdmin(admin.ModelAdmin[Job]):
     def run_jobs_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
         selected, counts = apply_in_chunks(queryset, lambda qs: qs.run_now())
         self._report(
-            request, sum(counts), selected, "Made runnable now", "only queued jobs can be run now."
+            request,
+            sum(counts),
+            selected,
+            "{n} job(s) will run as soon as a worker is free.",
+            "only queued jobs can be run now.",
         )
 
     @admin.action(permissions=["delete"], description="Delete (except running jobs)")
@@ -446,7 +451,7 @@ class JobAdmin(admin.ModelAdmin[Job]):
             request,
             sum(counts),
             selected,
-            "Deleted",
+            "Deleted {n} job(s).",
             "running jobs are not deleted; cancel them first.",
         )
         return None

@@ -61,6 +61,10 @@ class WorkerRow:
     alive: bool
     seconds_since_heartbeat: float
 
+    @property
+    def heartbeat_label(self) -> str:
+        return humanize(timedelta(seconds=self.seconds_since_heartbeat))
+
 
 @dataclass
 class FailureRow:
@@ -127,7 +131,7 @@ def per_minute(status: str, since: datetime) -> dict[datetime, int]:
 
 
 def throughput_chart(
-    now: datetime, minutes: int = 60, width: int = 720, height: int = 160
+    now: datetime, minutes: int = 60, width: int = 960, height: int = 160
 ) -> Chart:
     """Done and failed jobs per minute over the last ``minutes``, laid out as SVG bars."""
     end = now.astimezone(UTC).replace(second=0, microsecond=0)

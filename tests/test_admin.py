@@ -116,7 +116,9 @@ def test_big_table_count_is_an_estimate_or_a_lower_bound(
     Job.objects.bulk_create(Job(task="tests.jobs.add", args=[i]) for i in range(45))
     make(S.FAILED)
     with connection.cursor() as cursor:
-        cursor.execute("ANALYZE TABLE dbqueue_job" if connection.vendor == "mysql" else "ANALYZE dbqueue_job")
+        cursor.execute(
+            "ANALYZE TABLE dbqueue_job" if connection.vendor == "mysql" else "ANALYZE dbqueue_job"
+        )
         cursor.fetchall() if connection.vendor == "mysql" else None
     page = operator.get(reverse(CHANGELIST)).content.decode()
     # The planner's estimate of 46 rows (approximate on InnoDB, which samples pages).
@@ -264,9 +266,7 @@ def test_csrf_is_enforced() -> None:
     page = client.get(reverse(DASHBOARD)).content.decode()
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
     assert token, "the dashboard's requeue form carries a CSRF token"
-    response = client.post(
-        operate, {"operation": "requeue", "csrfmiddlewaretoken": token.group(1)}
-    )
+    response = client.post(operate, {"operation": "requeue", "csrfmiddlewaretoken": token.group(1)})
     assert response.status_code == 302
     assert job.refresh_status() == S.QUEUED
 
@@ -275,7 +275,9 @@ def test_operate_refuses_clearly(operator: Client) -> None:
     done, claimed = make(S.DONE), make(S.CLAIMED, owner="w1")
     operate = reverse("admin:django_dbqueue_job_operate", args=[done.pk])
     response = operator.post(operate, {"operation": "cancel"}, follow=True)
-    assert messages_of(response) == [f"Job #{done.pk} was not cancelled: it is done, already finished."]
+    assert messages_of(response) == [
+        f"Job #{done.pk} was not cancelled: it is done, already finished."
+    ]
     response = operator.post(operate, {"operation": "run_now"}, follow=True)
     assert messages_of(response) == [f"Job #{done.pk} is done: only queued jobs can be run now."]
     operate = reverse("admin:django_dbqueue_job_operate", args=[claimed.pk])
@@ -296,7 +298,9 @@ def test_dashboard_shows_counts_throughput_workers_and_failures(operator: Client
     for minutes_ago in (1, 1, 5):
         make(S.DONE, finished_at=now - timedelta(minutes=minutes_ago))
     make(S.DONE, finished_at=now - timedelta(hours=3))  # outside the chart
-    failure = make(S.FAILED, queue="emails", finished_at=now, last_error=f"Traceback\nKeyError: {XSS}")
+    failure = make(
+        S.FAILED, queue="emails", finished_at=now, last_error=f"Traceback\nKeyError: {XSS}"
+    )
     old = make(S.QUEUED, queue="reports", run_after=now - timedelta(minutes=30))
     make(S.QUEUED, queue="reports", run_after=now + timedelta(hours=1))  # not waiting yet
     Worker.objects.create(name="a:1:x", host="host-a", pid=1, queues=["default"], heartbeat_at=now)
