@@ -8,12 +8,12 @@ statement locks a big range of the table the workers claim from.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
-from datetime import timedelta
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.utils import flatten_fieldsets
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
@@ -28,15 +28,14 @@ from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
 from django_dbqueue import dashboard
-from django_dbqueue.conf import settings
+from django_dbqueue.admin_filters import FailedSinceFilter, QueueFilter, TaskFilter
+from django_dbqueue.bulk import apply_in_chunks
 from django_dbqueue.models import Job, Worker
 from django_dbqueue.paginator import CappedCountPaginator
 from django_dbqueue.queries import JobQuerySet
 
-T = TypeVar("T")
-CHUNK_SIZE = 500
 REQUEUEABLE = (Job.Status.FAILED, Job.Status.CANCELLED, Job.Status.DONE)
-CANCELLABLE = (Job.Status.QUEUED, Job.Status.CLAIMED)
+NOT_FINISHED = "only failed, cancelled or done jobs can be requeued."
 # Columns the list never shows: left out so a page of 100 jobs does not drag in their
 # arguments, results and tracebacks.
 LIST_DEFERRED = ("args", "kwargs", "result", "errors")
@@ -50,92 +49,6 @@ def status_badge(status: str) -> SafeString:
 def pretty_json(value: Any) -> SafeString:
     text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
     return format_html('<pre class="dbq-pre">{}</pre>', text)
-
-
-def pk_chunks(queryset: QuerySet[Job], size: int | None = None) -> Iterator[list[int]]:
-    """The primary keys of ``queryset``, newest first, ``size`` at a time.
-
-    Keyset pagination (``id < last``): an action that moves rows out of the filter
-    (requeueing the "failed" list) neither skips nor repeats rows.
-    """
-    size = size or CHUNK_SIZE
-    ids = queryset.order_by("-pk").values_list("pk", flat=True)
-    last: int | None = None
-    while True:
-        page = ids.filter(pk__lt=last) if last is not None else ids
-        chunk = list(page[:size])
-        if not chunk:
-            return
-        yield chunk
-        last = chunk[-1]
-
-
-def apply_in_chunks(
-    queryset: QuerySet[Job], operation: Callable[[JobQuerySet], T]
-) -> tuple[int, list[T]]:
-    """Run ``operation`` on ``queryset`` by chunks of ids: (rows selected, results)."""
-    selected, results = 0, []
-    for chunk in pk_chunks(queryset):
-        selected += len(chunk)
-        results.append(operation(Job.objects.get_queryset().filter(pk__in=chunk)))
-    return selected, results
-
-
-class QueueFilter(admin.SimpleListFilter):
-    """Queues from settings: the field's default filter would run SELECT DISTINCT."""
-
-    title = "queue"
-    parameter_name = "queue"
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        queues = list(settings.QUEUES)
-        value = self.value()
-        if value and value not in queues:
-            queues.append(value)  # a queue removed from settings still has rows
-        return [(queue, queue) for queue in queues]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
-        value = self.value()
-        return queryset.filter(queue=value) if value else queryset
-
-
-class TaskFilter(admin.SimpleListFilter):
-    """Tasks seen among the newest jobs: a DISTINCT over millions of rows is too slow.
-
-    Any task path is accepted in the URL (``?task=myapp.tasks.send_mail``), listed or not.
-    """
-
-    title = "task"
-    parameter_name = "task"
-    recent = 5000
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        recent = Job.objects.order_by("-id").values_list("task", flat=True)[: self.recent]
-        tasks = set(recent)
-        value = self.value()
-        if value:
-            tasks.add(value)
-        return [(task, task) for task in sorted(tasks)]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
-        value = self.value()
-        return queryset.filter(task=value) if value else queryset
-
-
-class FailedSinceFilter(admin.SimpleListFilter):
-    title = "failed since"
-    parameter_name = "failed_since"
-    periods = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
-
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("1h", "Last hour"), ("24h", "Last 24 hours"), ("7d", "Last 7 days")]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
-        period = self.periods.get(self.value() or "")
-        if period is None:
-            return queryset
-        since = timezone.now() - period
-        return queryset.filter(status=Job.Status.FAILED, finished_at__gte=since)
 
 
 class JobChangeList(ChangeList):
@@ -176,32 +89,6 @@ class JobAdmin(admin.ModelAdmin[Job]):
     # Exact counts up to this many rows; beyond it "more than N" or the table estimate.
     count_limit = 10_000
     actions = ("requeue_jobs", "requeue_jobs_now", "cancel_jobs", "run_jobs_now", "delete_jobs")
-    readonly_fields = (
-        "id",
-        "task",
-        "queue",
-        "status_display",
-        "priority",
-        "backend",
-        "args_display",
-        "kwargs_display",
-        "result_display",
-        "attempts_display",
-        "created_at",
-        "run_after",
-        "started_at",
-        "finished_at",
-        "duration",
-        "owner",
-        "owner_date",
-        "cancel_requested",
-        "last_error_display",
-        "errors_display",
-        "timeout",
-        "max_attempts",
-        "retry_backoff",
-        "unique_key",
-    )
     fieldsets = (
         (None, {"fields": ("id", "task", "queue", "status_display", "priority", "backend")}),
         ("Call", {"fields": ("args_display", "kwargs_display", "result_display")}),
@@ -222,6 +109,8 @@ class JobAdmin(admin.ModelAdmin[Job]):
         ("Errors", {"fields": ("last_error_display", "errors_display")}),
         ("Options", {"fields": ("max_attempts", "timeout", "retry_backoff", "unique_key")}),
     )
+    # Every field is read-only: jobs change state only through the operations.
+    readonly_fields = flatten_fieldsets(fieldsets)
 
     # -- display -----------------------------------------------------------------------
 
@@ -364,36 +253,40 @@ class JobAdmin(admin.ModelAdmin[Job]):
 
     # -- actions -----------------------------------------------------------------------
 
-    def _report(self, request: HttpRequest, done: int, selected: int, verb: str, why: str) -> None:
-        """``verb`` has a ``{n}`` for the number of jobs changed."""
-        self.message_user(request, verb.format(n=done), messages.SUCCESS)
-        if selected > done:
+    def _apply(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Job],
+        operation: Callable[[JobQuerySet], int],
+        done: str,
+        why: str,
+    ) -> None:
+        """Run ``operation`` over the selection and tell how many jobs it changed
+        (``done`` has a ``{n}``) and how many it left alone, and ``why``."""
+        selected, counts = apply_in_chunks(queryset, operation)
+        changed = sum(counts)
+        self.message_user(request, done.format(n=changed), messages.SUCCESS)
+        if selected > changed:
             self.message_user(
                 request,
-                f"{selected - done} selected job(s) left unchanged: {why}",
+                f"{selected - changed} selected job(s) left unchanged: {why}",
                 messages.WARNING,
             )
 
     @admin.action(permissions=["change"], description="Requeue (failed, cancelled or done)")
     def requeue_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        selected, counts = apply_in_chunks(queryset, lambda qs: qs.requeue())
-        self._report(
-            request,
-            sum(counts),
-            selected,
-            "Requeued {n} job(s).",
-            "only failed, cancelled or done jobs can be requeued.",
+        self._apply(
+            request, queryset, lambda qs: qs.requeue(), "Requeued {n} job(s).", NOT_FINISHED
         )
 
     @admin.action(permissions=["change"], description="Requeue and run now")
     def requeue_jobs_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        selected, counts = apply_in_chunks(queryset, lambda qs: qs.requeue(run_now=True))
-        self._report(
+        self._apply(
             request,
-            sum(counts),
-            selected,
+            queryset,
+            lambda qs: qs.requeue(run_now=True),
             "Requeued {n} job(s) to run now.",
-            "only failed, cancelled or done jobs can be requeued.",
+            NOT_FINISHED,
         )
 
     @admin.action(
@@ -421,11 +314,10 @@ class JobAdmin(admin.ModelAdmin[Job]):
 
     @admin.action(permissions=["change"], description="Run now (queued)")
     def run_jobs_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        selected, counts = apply_in_chunks(queryset, lambda qs: qs.run_now())
-        self._report(
+        self._apply(
             request,
-            sum(counts),
-            selected,
+            queryset,
+            lambda qs: qs.run_now(),
             "{n} job(s) will run as soon as a worker is free.",
             "only queued jobs can be run now.",
         )
@@ -446,11 +338,10 @@ class JobAdmin(admin.ModelAdmin[Job]):
             return TemplateResponse(
                 request, "admin/django_dbqueue/job/delete_jobs_confirmation.html", context
             )
-        selected, counts = apply_in_chunks(queryset, lambda qs: qs.delete_unclaimed())
-        self._report(
+        self._apply(
             request,
-            sum(counts),
-            selected,
+            queryset,
+            lambda qs: qs.delete_unclaimed(),
             "Deleted {n} job(s).",
             "running jobs are not deleted; cancel them first.",
         )

@@ -14,6 +14,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_dbqueue import admin as job_admin
+from django_dbqueue import bulk
 from django_dbqueue.models import Job, Worker
 
 pytestmark = pytest.mark.django_db
@@ -204,7 +205,7 @@ def test_delete_asks_first_and_keeps_running_jobs(operator: Client) -> None:
 def test_select_across_applies_to_everything_matching_the_filter(
     operator: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(job_admin, "CHUNK_SIZE", 7)  # several chunks
+    monkeypatch.setattr(bulk, "CHUNK_SIZE", 7)  # several chunks
     failed_emails = [make(S.FAILED, queue="emails") for _ in range(30)]
     failed_default = make(S.FAILED, queue="default")
     done_emails = make(S.DONE, queue="emails")
@@ -338,3 +339,22 @@ def test_dashboard_requeue_button_requeues_and_comes_back(operator: Client) -> N
     assert response["Location"] == reverse(DASHBOARD)
     failure.refresh_from_db()
     assert (failure.status, failure.attempts) == (S.QUEUED, 0)
+
+
+def test_worker_list_is_read_only_and_shows_liveness(operator: Client) -> None:
+    now = timezone.now()
+    Worker.objects.create(name="a:1:x", host="host-a", pid=1, queues=["default"], heartbeat_at=now)
+    Worker.objects.create(
+        name="b:2:y", host="host-b", pid=2, queues=["emails"], heartbeat_at=now - timedelta(hours=1)
+    )
+    user = User.objects.get(username="operator")
+    user.user_permissions.add(*Permission.objects.filter(codename__in=["view_worker"]))
+    page = operator.get(reverse("admin:django_dbqueue_worker_changelist")).content.decode()
+    assert page.count('alt="True"') == 1 and page.count('alt="False"') >= 1
+    assert "host-a" in page and "host-b" in page
+    assert (
+        'name="_save"'
+        not in operator.get(
+            reverse("admin:django_dbqueue_worker_change", args=[Worker.objects.get(pid=1).pk])
+        ).content.decode()
+    )

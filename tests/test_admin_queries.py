@@ -65,7 +65,8 @@ def test_requeue_resets_finished_jobs_and_leaves_the_others() -> None:
 
 def test_requeue_run_now_makes_the_job_runnable_at_once() -> None:
     job = make(S.FAILED, run_after=timezone.now() + timedelta(days=1))
-    assert Job.objects.get_queryset().filter(pk=job.pk).requeue(run_now=True) == 1
+    # Job.objects.filter() returns the JobQuerySet too.
+    assert Job.objects.filter(pk=job.pk).requeue(run_now=True) == 1  # type: ignore[attr-defined]
     assert list(Job.objects.runnable()) == [job]
 
 
