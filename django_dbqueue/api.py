@@ -154,26 +154,33 @@ def enqueue(
     unique_key. With ``unique_key`` set and a job of that key still waiting or running,
     that job is returned instead of a new one.
     """
-    job = build_job(task, args, kwargs, **options)
-    using = router.db_for_write(Job)
-    if job.unique_key is None:
-        job.save(using=using, force_insert=True)
-    else:
-        job = _insert_unique(job, using)
-    transaction.on_commit(lambda: signals.jobs_enqueued.send(Job, jobs=[job]), using=using)
+    job, created = save_job(build_job(task, args, kwargs, **options))
+    if created:
+        transaction.on_commit(
+            lambda: signals.jobs_enqueued.send(Job, jobs=[job]), using=router.db_for_write(Job)
+        )
     return job
 
 
-def _insert_unique(job: Job, using: str) -> Job:
+def save_job(job: Job) -> tuple[Job, bool]:
+    """Insert a job built by :func:`build_job`; returns (job, created).
+
+    With a ``unique_key`` that a waiting or running job holds, nothing is inserted and
+    that job is returned with ``created=False``.
+    """
+    using = router.db_for_write(Job)
+    if job.unique_key is None:
+        job.save(using=using, force_insert=True)
+        return job, True
     for _ in range(3):
         try:
             with transaction.atomic(using=using):
                 job.save(using=using, force_insert=True)
-            return job
+            return job, True
         except IntegrityError:
             existing = Job.objects.using(using).filter(unique_key=job.unique_key).first()
             if existing is not None:
-                return existing
+                return existing, False
             # The holder of the key finished between our insert and our read: try again.
             job.pk = None
     raise InvalidJob(

@@ -45,3 +45,95 @@ def check_queue_settings(**kwargs: Any) -> list[checks.CheckMessage]:
             )
         )
     return errors
+
+
+REDIS_CACHE_BACKEND = "django_redis.cache.RedisCache"
+DATABASE_LOCK_VENDORS = {"mysql": "mysql", "postgres": "postgresql"}
+
+
+@checks.register("django_dbqueue")
+def check_lock_settings(**kwargs: Any) -> list[checks.CheckMessage]:
+    """The configured lock backend must be able to work with the configured servers."""
+    from django.conf import settings as django_settings
+    from django.db import connections
+
+    from django_dbqueue.locks.named import BACKENDS, RELEASE_MODES
+
+    errors: list[checks.CheckMessage] = []
+    backend = settings.LOCK_BACKEND
+    if settings.LOCK_RELEASE_IN_TRANSACTION not in RELEASE_MODES:
+        errors.append(
+            checks.Error(
+                f"DBQUEUE['LOCK_RELEASE_IN_TRANSACTION'] must be one of {RELEASE_MODES}.",
+                hint="'warn' (the default) flags a lock released before its transaction commits.",
+                id="django_dbqueue.E101",
+            )
+        )
+    if backend not in BACKENDS and "." not in str(backend):
+        errors.append(
+            checks.Error(
+                f"DBQUEUE['LOCK_BACKEND'] is {backend!r}, not a known lock backend.",
+                hint=f"Use one of {', '.join(BACKENDS)} or a dotted path to a BaseLock class.",
+                id="django_dbqueue.E102",
+            )
+        )
+    elif backend == "redis":
+        errors.extend(check_redis_alias(django_settings.CACHES, settings.LOCK_REDIS_ALIAS))
+    elif backend in DATABASE_LOCK_VENDORS:
+        alias = settings.LOCK_DATABASE_ALIAS
+        vendor = connections[alias].vendor if alias in connections else None
+        if vendor != DATABASE_LOCK_VENDORS[backend]:
+            errors.append(
+                checks.Error(
+                    f"DBQUEUE['LOCK_BACKEND'] is {backend!r} but database {alias!r} is "
+                    f"{vendor or 'not configured'}: its locks cannot work there.",
+                    hint="Use the backend of your database (mysql for MySQL/MariaDB, postgres "
+                    "for PostgreSQL) or 'redis', or set DBQUEUE['LOCK_DATABASE_ALIAS'].",
+                    id="django_dbqueue.E103",
+                )
+            )
+    return errors
+
+
+def check_redis_alias(caches: dict[str, Any], alias: str) -> list[checks.CheckMessage]:
+    try:
+        import django_redis  # noqa: F401
+    except ImportError:
+        return [
+            checks.Error(
+                "The redis lock backend needs django-redis, which is not installed.",
+                hint='pip install "django-dbqueue[redis]", or choose another LOCK_BACKEND.',
+                id="django_dbqueue.E104",
+            )
+        ]
+    config = caches.get(alias)
+    if config is None or config.get("BACKEND") != REDIS_CACHE_BACKEND:
+        found = "missing" if config is None else config.get("BACKEND")
+        return [
+            checks.Error(
+                f"DBQUEUE['LOCK_REDIS_ALIAS'] is {alias!r}, which must be a django-redis cache "
+                f"in CACHES (it is {found}).",
+                hint=f"Add CACHES[{alias!r}] with BACKEND {REDIS_CACHE_BACKEND!r}, or point "
+                "LOCK_REDIS_ALIAS at one.",
+                id="django_dbqueue.E105",
+            )
+        ]
+    sharing = [
+        other
+        for other, other_config in caches.items()
+        if other != alias and other_config.get("LOCATION") == config.get("LOCATION")
+    ]
+    if alias == "default" or sharing:
+        return [
+            checks.Warning(
+                f"The lock cache {alias!r} is also used as a general cache"
+                + (f" (same LOCATION as {', '.join(sharing)})" if sharing else "")
+                + ": cache.clear() flushes the whole Redis database, locks included, and "
+                "eviction under memory pressure can drop a held lock.",
+                hint="Give the locks a cache alias of their own on a separate Redis database "
+                "(e.g. redis://host:6379/5), never clear() it, and use maxmemory-policy "
+                "noeviction or volatile-* for it.",
+                id="django_dbqueue.W101",
+            )
+        ]
+    return []

@@ -32,6 +32,10 @@ DEFAULTS: dict[str, Any] = {
     "LOCK_BACKEND": "redis",
     "LOCK_REDIS_ALIAS": "default",  # django-redis cache alias used by the redis backend
     "LOCK_PREFIX": "dbqueue:lock:",
+    "LOCK_DATABASE_ALIAS": "default",  # database alias used by the mysql and postgres backends
+    "LOCK_TIMEOUT": 60.0,  # lease in seconds for backends whose locks expire (redis)
+    # What to do when a lock is released inside an open transaction: "warn", "raise", "ignore"
+    "LOCK_RELEASE_IN_TRANSACTION": "warn",
     # Wake-up: Redis cache alias used to wake idle workers on MySQL/MariaDB/SQLite
     "WAKEUP_REDIS_ALIAS": None,
 }

@@ -23,6 +23,10 @@ class WorkerShutdown(BaseException):
     """Raised inside a running job when the worker is told to stop at once (second signal)."""
 
 
+class JobCancelled(BaseException):
+    """Raised inside a running job whose cancellation an operator requested."""
+
+
 class LeaseLost(DBQueueError):
     """This worker no longer owns the job: its lease ran out and another worker took it over."""
 
@@ -39,3 +43,31 @@ class RetryJob(DBQueueError):
         self.delay = float(delay)
         self.reason = reason
         super().__init__(reason or f"retry in {delay:g} s")
+
+
+class LockError(DBQueueError):
+    """Base class for named-lock errors."""
+
+
+class LockNotAcquired(LockError):
+    """The lock is held by someone else (or all ``limit`` slots are taken) and waiting
+    was not allowed or ran past ``blocking_timeout``."""
+
+
+class LockLost(LockError):
+    """The holder no longer owns the lock: its lease expired, its database session ended,
+    or its key was deleted. Work done since then may have overlapped with another holder."""
+
+
+class LockNotHeld(LockError):
+    """release() or extend() was called on a lock that this object does not hold."""
+
+
+class LockReleasedBeforeCommit(LockError):
+    """A lock was released while a database transaction was still open: the next holder
+    can read data from before this transaction's writes. Raised when
+    ``DBQUEUE['LOCK_RELEASE_IN_TRANSACTION']`` is ``"raise"``."""
+
+
+class LockReleasedBeforeCommitWarning(RuntimeWarning):
+    """Warning twin of :class:`LockReleasedBeforeCommit` (the default, ``"warn"``)."""

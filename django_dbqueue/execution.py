@@ -19,10 +19,31 @@ class ResultNotSerializable(TypeError):
     """The job returned something that cannot be stored as JSON."""
 
 
+# Where the Django Tasks framework defines Task: Django 6, and the backport for Django 5.2.
+TASK_CLASSES = {("django.tasks.base", "Task"), ("django_tasks.base", "Task")}
+
+
+def is_framework_task(obj: object) -> bool:
+    """Is ``obj`` a Django Tasks ``Task`` (what ``@task`` makes)?
+
+    Checked by class name so that plain jobs never import the framework.
+    """
+    return any((cls.__module__, cls.__qualname__) in TASK_CLASSES for cls in type(obj).__mro__)
+
+
 def call_job(job: Job) -> Any:
-    """Import the job's task and call it with its arguments; return a JSON-ready result."""
+    """Import the job's task and call it with its arguments; return a JSON-ready result.
+
+    A Django Tasks ``Task`` (an ``@task`` function) runs through the framework: its
+    function gets a ``TaskContext`` when it takes one, and ``task_started`` is sent.
+    """
     func = resolve(job.task)
-    result = func(*(job.args or []), **(job.kwargs or {}))
+    if is_framework_task(func):
+        from django_dbqueue.task_results import run_task
+
+        result = run_task(func, job)
+    else:
+        result = func(*(job.args or []), **(job.kwargs or {}))
     try:
         return json.loads(json.dumps(result, allow_nan=False))
     except (TypeError, ValueError) as exc:

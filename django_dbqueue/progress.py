@@ -22,7 +22,7 @@ class Progress:
         now = time.monotonic()
         if not force and now - self._last_time < self.interval:
             return
-        if stats == self._last and not force:
+        if stats == self._last:
             self._last_time = now
             return
         span = max(now - self._last_time, 1e-9)

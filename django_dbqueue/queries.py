@@ -8,12 +8,13 @@ transaction is short and never spans a job's execution. Database differences liv
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections, models, router, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F
 from django.utils import timezone
 
@@ -27,12 +28,12 @@ CLAIM_ORDER = ("-priority", "run_after", "id")
 
 
 @contextmanager
-def claim_transaction(using: str) -> Iterator[None]:
-    """A short write transaction suited to claiming on this database.
+def write_transaction(using: str) -> Iterator[None]:
+    """A short read-then-write transaction suited to this database.
 
     SQLite has no ``SELECT ... FOR UPDATE``: the transaction takes the write lock at
-    BEGIN (IMMEDIATE), so two claimers queue on the busy timeout instead of both
-    reading the same rows and one failing to upgrade its lock.
+    BEGIN (IMMEDIATE), so two writers queue on the busy timeout instead of both
+    reading and one failing at once ("database is locked") when it upgrades its lock.
     """
     connection = connections[using]
     if connection.vendor != "sqlite" or connection.in_atomic_block:
@@ -142,47 +143,100 @@ class JobManager(models.Manager["Job"]):
     def claim(
         self, owner: str, batch_size: int = 100, queues: Sequence[str] | None = None
     ) -> list[Job]:
-        """Claim up to ``batch_size`` runnable jobs for ``owner`` in one short transaction.
+        """Claim up to ``batch_size`` runnable jobs for ``owner``.
 
-        1. read candidate ids (plain read, the claim index in order),
-        2. lock those ids skipping rows another claimer holds, re-checking the status,
-        3. one UPDATE by primary key, 4. COMMIT.
+        1. read candidate ids: a plain read that walks the claim index in order,
+        2. in one short transaction, lock those ids skipping rows another claimer holds
+           (re-checking the status), 3. one UPDATE by primary key, 4. COMMIT.
+        On SQLite (no FOR UPDATE) all of it runs in one IMMEDIATE transaction instead.
         Attempts are counted here, so a job that kills its worker still uses one up.
         """
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
         using = self._using()
-        vendor = connections[using].vendor
+        conn = connections[using]
+        queue_list = list(queues or settings.QUEUES)
         for _ in range(3):
             now = timezone.now()
-            with claim_transaction(using):
-                qs = self.get_queryset().using(using)
-                candidates = list(
-                    qs.runnable(queues, now).values_list("id", flat=True)[:batch_size]
-                )
-                if not candidates:
-                    return []
-                if vendor == "sqlite":
-                    # The IMMEDIATE transaction already excludes every other writer.
-                    jobs = list(qs.filter(id__in=candidates).order_by(*CLAIM_ORDER))
-                else:
-                    jobs = list(
-                        qs.select_for_update(skip_locked=True)
-                        .filter(id__in=candidates, status=QUEUED)
-                        .order_by(*CLAIM_ORDER)
-                    )
-                if jobs:
-                    ids = [job.id for job in jobs]
-                    qs.filter(id__in=ids).update(
-                        status=CLAIMED, owner=owner, owner_date=now, attempts=F("attempts") + 1
-                    )
-                    for job in jobs:
-                        job.status, job.owner, job.owner_date = CLAIMED, owner, now
-                        job.attempts += 1
+            if conn.vendor == "sqlite":
+                with write_transaction(using):
+                    candidates = self._candidate_ids(conn, queue_list, now, batch_size)
+                    jobs = self._lock_and_mark(using, candidates, owner, now, lock=False)
+                if jobs or not candidates:
                     return jobs
+                continue
+            candidates = self._candidate_ids(conn, queue_list, now, batch_size)
+            if not candidates:
+                return []
+            with write_transaction(using):
+                jobs = self._lock_and_mark(using, candidates, owner, now, lock=True)
+            if jobs:
+                return jobs
             # Every candidate was taken by another claimer between our read and our lock:
             # read again at once, the queue is evidently busy.
         return []
+
+    def _candidate_ids(
+        self, conn: BaseDatabaseWrapper, queues: list[str], now: datetime, limit: int
+    ) -> list[int]:
+        """Ids of the next runnable jobs, best first, each queue read along the claim index.
+
+        ``queue IN (a, b)`` would make the database sort every queued row of those
+        queues; one index range per queue, each stopping after ``limit`` rows, and a
+        merge of at most ``limit * len(queues)`` rows keeps the cost flat.
+        """
+        qn = conn.ops.quote_name
+        table = qn(self.model._meta.db_table)
+        when = self.model._meta.get_field("run_after").get_db_prep_value(now, conn)
+        order = f"{qn('priority')} DESC, {qn('run_after')}, {qn('id')}"
+        one = (
+            f"SELECT {qn('id')}, {qn('priority')}, {qn('run_after')} FROM {table} "  # noqa: S608
+            f"WHERE {qn('status')} = %s AND {qn('queue')} = %s AND {qn('run_after')} <= %s "
+            f"ORDER BY {order} LIMIT %s"
+        )
+        params: list[Any] = []
+        for queue in queues:
+            params += [QUEUED, queue, when, limit]
+        if len(queues) == 1:
+            sql = one
+        else:
+            parts = " UNION ALL ".join(
+                f"SELECT * FROM ({one}) AS q{i}" for i in range(len(queues))  # noqa: S608
+            )
+            sql = f"SELECT * FROM ({parts}) AS c ORDER BY {order} LIMIT %s"  # noqa: S608
+            params.append(limit)
+        with conn.cursor() as cursor:
+            cursor.execute(sql, params)
+            return [row[0] for row in cursor.fetchall()]
+
+    def _lock_and_mark(
+        self, using: str, candidates: list[int], owner: str, now: datetime, lock: bool
+    ) -> list[Job]:
+        if not candidates:
+            return []
+        qs = self.get_queryset().using(using).filter(id__in=candidates, status=QUEUED)
+        if lock:
+            qs = qs.select_for_update(skip_locked=True)
+        rank = {job_id: index for index, job_id in enumerate(candidates)}
+        jobs = sorted(qs.order_by(), key=lambda job: rank[job.id])
+        if not jobs:
+            return []
+        conn = connections[using]
+        qn = conn.ops.quote_name
+        ids = [job.id for job in jobs]
+        sql = (
+            f"UPDATE {qn(self.model._meta.db_table)} SET {qn('status')} = %s, "  # noqa: S608
+            f"{qn('owner')} = %s, {qn('owner_date')} = %s, "
+            f"{qn('attempts')} = {qn('attempts')} + 1 "
+            f"WHERE {qn('id')} IN ({', '.join(['%s'] * len(ids))})"
+        )
+        owner_date = self.model._meta.get_field("owner_date").get_db_prep_value(now, conn)
+        with conn.cursor() as cursor:
+            cursor.execute(sql, [CLAIMED, owner, owner_date, *ids])
+        for job in jobs:
+            job.status, job.owner, job.owner_date = CLAIMED, owner, now
+            job.attempts += 1
+        return jobs
 
     # -- finishing ---------------------------------------------------------------------
 
@@ -192,49 +246,54 @@ class JobManager(models.Manager["Job"]):
         return self.get_queryset().using(self._using()).filter(status=CLAIMED, owner=owner)
 
     def finish_done(self, owner: str, jobs: Sequence[Job]) -> set[int]:
-        """Record jobs as DONE; returns the ids this owner actually finished."""
+        """Record jobs as DONE in one guarded UPDATE; return the ids actually finished.
+
+        Jobs another worker took over meanwhile (our lease ran out) are left alone. This
+        runs once per batch on the hot path, so it is one statement, in autocommit,
+        written by hand: the ORM spends longer building a CASE over a hundred rows than
+        the database spends running it.
+        """
         if not jobs:
             return set()
+        using = self._using()
+        conn = connections[using]
+        meta = self.model._meta
+        qn = conn.ops.quote_name
         now = timezone.now()
-        plain = [j for j in jobs if j.result is None]
-        with_result = [j for j in jobs if j.result is not None]
-        updated: set[int] = set()
-        with transaction.atomic(using=self._using()):
-            if plain:
-                ids = [j.id for j in plain]
-                lost = self._lost(owner, ids)
-                keep = [i for i in ids if i not in lost]
-                if keep:
-                    self._owned(owner).filter(id__in=keep).update(
-                        status=DONE, finished_at=now, unique_key=None, cancel_requested=False
-                    )
-                updated.update(keep)
-            if with_result:
-                ids = [j.id for j in with_result]
-                lost = self._lost(owner, ids)
-                keep_jobs = [j for j in with_result if j.id not in lost]
-                for job in keep_jobs:
-                    job.status, job.finished_at, job.unique_key = DONE, now, None
-                if keep_jobs:
-                    self._owned(owner).bulk_update(
-                        keep_jobs, ["status", "finished_at", "unique_key", "result"]
-                    )
-                updated.update(j.id for j in keep_jobs)
-        started = [j for j in jobs if j.id in updated and j.started_at is not None]
-        self._set_started(started)
-        return updated
-
-    def _set_started(self, jobs: Sequence[Job]) -> None:
-        # started_at is informational; written with the finish, not as an extra round trip
-        # per job before it runs.
-        if jobs:
-            self.get_queryset().using(self._using()).bulk_update(list(jobs), ["started_at"])
-
-    def _lost(self, owner: str, ids: Iterable[int]) -> set[int]:
-        """Ids among ``ids`` that are no longer claimed by ``owner``."""
-        ids = list(ids)
-        owned = set(self._owned(owner).filter(id__in=ids).values_list("id", flat=True))
-        return {i for i in ids if i not in owned}
+        assignments = [f"{qn('status')} = %s", f"{qn('finished_at')} = %s",
+                       f"{qn('unique_key')} = NULL"]
+        params: list[Any] = [DONE, meta.get_field("finished_at").get_db_prep_value(now, conn)]
+        for name in ("started_at", "result"):
+            field = cast(models.Field[Any, Any], meta.get_field(name))
+            rows = [(j.id, getattr(j, name)) for j in jobs if getattr(j, name) is not None]
+            if rows:
+                whens = " ".join(["WHEN %s THEN %s"] * len(rows))
+                assignments.append(f"{qn(name)} = CASE {qn('id')} {whens} ELSE {qn(name)} END")
+                for job_id, value in rows:
+                    params += [job_id, field.get_db_prep_value(value, conn)]
+        ids = [j.id for j in jobs]
+        # Only quoted column names and %s placeholders are formatted in; every value
+        # goes through the driver's parameters.
+        sql = (
+            f"UPDATE {qn(meta.db_table)} SET {', '.join(assignments)} "  # noqa: S608
+            f"WHERE {qn('id')} IN ({', '.join(['%s'] * len(ids))}) "
+            f"AND {qn('status')} = %s AND {qn('owner')} = %s"
+        )
+        with conn.cursor() as cursor:
+            cursor.execute(sql, [*params, *ids, CLAIMED, owner])
+            updated = cursor.rowcount
+        if updated == len(ids):
+            finished = set(ids)
+        else:
+            # Some were taken over; the ones now DONE under our name are the ones we wrote.
+            finished = set(
+                self.get_queryset().using(using)
+                .filter(id__in=ids, status=DONE, owner=owner).values_list("id", flat=True)
+            )
+        for job in jobs:
+            if job.id in finished:
+                job.status, job.finished_at, job.unique_key = DONE, now, None
+        return finished
 
     def finish_failed_attempt(
         self, owner: str, job: Job, error: str, error_class: str
@@ -246,7 +305,12 @@ class JobManager(models.Manager["Job"]):
         now = timezone.now()
         errors = list(job.errors or [])
         errors.append(
-            {"exception_class_path": error_class, "traceback": error, "at": now.isoformat()}
+            {
+                "exception_class_path": error_class,
+                "traceback": error,
+                "at": now.isoformat(),
+                "worker": owner,
+            }
         )
         errors = errors[-int(settings.KEEP_ERRORS) :]
         fields: dict[str, Any] = {"last_error": error, "errors": errors, "cancel_requested": False}
@@ -283,9 +347,29 @@ class JobManager(models.Manager["Job"]):
 
     # -- leases ------------------------------------------------------------------------
 
-    def renew_leases(self, owner: str) -> int:
-        """Heartbeat: keep every job this owner holds from being recovered."""
-        return self._owned(owner).update(owner_date=timezone.now())
+    def renew_leases(self, owner: str, ids: Sequence[int]) -> int:
+        """Heartbeat: keep the jobs this owner knows it holds from being recovered."""
+        if not ids:
+            return 0
+        return self._owned(owner).filter(id__in=list(ids)).update(owner_date=timezone.now())
+
+    def retry_later(self, owner: str, job: Job, delay: float, reason: str) -> bool:
+        """The job asked to run again later (RetryJob): requeue it, attempt not counted."""
+        run_after = timezone.now() + timedelta(seconds=delay)
+        updated = (
+            self._owned(owner)
+            .filter(id=job.id)
+            .update(
+                status=QUEUED,
+                run_after=run_after,
+                owner_date=None,
+                attempts=F("attempts") - 1,
+                last_error=f"Deferred by the job itself: {reason}",
+            )
+        )
+        if updated:
+            job.status, job.run_after, job.attempts = QUEUED, run_after, job.attempts - 1
+        return bool(updated)
 
     def cancel_requested_ids(self, owner: str, ids: Sequence[int]) -> set[int]:
         return set(
@@ -305,7 +389,7 @@ class JobManager(models.Manager["Job"]):
         qs = self.get_queryset().using(self._using())
         expired = qs.filter(status=CLAIMED, owner_date__lt=cutoff)
         requeued = failed = 0
-        with claim_transaction(self._using()):
+        with write_transaction(self._using()):
             rows = list(
                 expired.select_for_update(skip_locked=True).values_list(
                     "id", "owner", "attempts", "max_attempts"

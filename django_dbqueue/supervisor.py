@@ -20,10 +20,11 @@ from django_dbqueue.worker import Stats, Worker
 logger = logging.getLogger("django_dbqueue.supervisor")
 
 
-def _child_main(slot: int, counters: Any, options: dict[str, Any]) -> None:
-    # Forked from the supervisor: start with default signal handlers; Worker installs its own.
+def _child_main(slot: int, counters: Any, options: dict[str, Any], parent: int) -> None:
+    # Forked from the supervisor, which forwards SIGTERM to us. A Ctrl-C reaches the whole
+    # process group, so children ignore SIGINT: otherwise one Ctrl-C would arrive twice
+    # (directly and forwarded) and count as the second, "stop now" signal.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
     def report(stats: Stats) -> None:
         base = slot * 3
@@ -33,7 +34,7 @@ def _child_main(slot: int, counters: Any, options: dict[str, Any]) -> None:
             stats.retried,
         )
 
-    Worker(on_progress=report, **options).run()
+    Worker(on_progress=report, ignore_sigint=True, parent_pid=parent, **options).run()
     connections.close_all()
     sys.exit(0)
 
@@ -76,7 +77,7 @@ class Supervisor:
         connections.close_all()
         process = self._ctx.Process(
             target=_child_main,
-            args=(slot, self._counters, options),
+            args=(slot, self._counters, options, os.getpid()),
             name=f"dbqueue-worker-{slot}",
             daemon=False,
         )

@@ -42,7 +42,11 @@ def task_path(task: Any) -> str:
 
 
 def resolve(path: str) -> Callable[..., Any]:
-    """Import ``path`` (module, then attributes: class methods work too)."""
+    """Import ``path`` (module, then attributes: class methods work too).
+
+    The result may also be a Django Tasks ``Task`` (what ``@task`` makes), which is not
+    itself callable but wraps the function in ``.func``; call_job() runs it as a Task.
+    """
     parts = path.split(".")
     for split in range(len(parts) - 1, 0, -1):
         module_name = ".".join(parts[:split])
@@ -64,7 +68,7 @@ def resolve(path: str) -> Callable[..., Any]:
                 f"Task {path!r} not found: module {module_name!r} has no "
                 f"{'.'.join(parts[split:])!r}."
             ) from None
-        if not callable(obj):
+        if not callable(obj) and not callable(getattr(obj, "func", None)):
             raise TaskNotFound(f"Task {path!r} is not callable.")
         return obj  # type: ignore[no-any-return]
     raise TaskNotFound(f"Task {path!r} not found: no module of that path can be imported.")

@@ -1,8 +1,9 @@
 """The worker loop: claim a batch, run it, record results, repeat.
 
-One :class:`Worker` runs in one process (its main thread runs jobs; a heartbeat thread
-renews its leases). ``run_jobs --concurrency N`` starts N of them under
-:class:`django_dbqueue.supervisor.Supervisor`.
+One :class:`Worker` runs in one process: its main thread runs jobs, and a heartbeat
+thread renews the leases of the jobs it holds, reports that it is alive, notices
+cancellations and recovers jobs of dead workers. ``run_jobs --concurrency N`` starts N
+of them under :class:`django_dbqueue.supervisor.Supervisor`.
 """
 
 from __future__ import annotations
@@ -17,32 +18,30 @@ import traceback
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from types import FrameType
-from typing import Any
+from typing import Any, TypeVar
 
-from django.db import (
-    DatabaseError,
-    InterfaceError,
-    OperationalError,
-    close_old_connections,
-    connections,
-)
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
 from django.utils import timezone
 
 from django_dbqueue import signals
 from django_dbqueue.conf import settings
-from django_dbqueue.exceptions import JobTimeout, WorkerShutdown
+from django_dbqueue.exceptions import JobCancelled, JobTimeout, RetryJob, WorkerShutdown
 from django_dbqueue.execution import call_job, time_limit
 from django_dbqueue.models import Job
 from django_dbqueue.models import Worker as WorkerRow
 
 logger = logging.getLogger("django_dbqueue.worker")
+T = TypeVar("T")
 
-# Errors that mean "the database is busy or briefly gone": retry at the top of the loop.
-# (MySQL 1213 deadlock and 1205 lock wait timeout, "server has gone away", SQLite's
-# "database is locked", a PostgreSQL restart: Django raises these as OperationalError
-# or InterfaceError.)
-TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (OperationalError, InterfaceError)
+# "The database is busy or briefly gone": MySQL 1213 (deadlock) and 1205 (lock wait
+# timeout), 2006/2013 (server gone away, lost connection), SQLite "database is locked",
+# a PostgreSQL restart. Django raises all of them as OperationalError or InterfaceError.
+# They are retried at the top of the worker loop, never inside a caller's transaction.
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (OperationalError, InterfaceError)
+# Rows of workers silent for this long are deleted (admin shows them as dead until then).
+DEAD_WORKER_ROW_TTL = timedelta(hours=1)
 
 
 def make_worker_name() -> str:
@@ -60,17 +59,28 @@ class Stats:
         return self.done + self.failed + self.retried
 
 
-def reset_connections() -> None:
-    """Drop connections that errored so the next query reconnects."""
+def refresh_connections() -> None:
+    """Drop connections that saw an error and no longer work, so the next query reconnects.
+
+    Unlike ``close_old_connections()`` this keeps healthy connections open whatever
+    CONN_MAX_AGE says: a worker reconnecting before every job would spend its time
+    connecting.
+    """
     for conn in connections.all(initialized_only=True):
+        if conn.connection is None or conn.in_atomic_block:
+            continue
         try:
-            if conn.in_atomic_block:
-                continue
-            conn.close_if_unusable_or_obsolete()
-            if conn.connection is not None and not conn.is_usable():
-                conn.close()
+            if conn.errors_occurred:
+                if conn.is_usable():
+                    conn.errors_occurred = False
+                else:
+                    conn.close()
         except DatabaseError:
             conn.connection = None
+
+
+def backoff(failures: int) -> float:
+    return float(min(5.0, 0.1 * 2 ** min(failures, 6)))
 
 
 class Worker:
@@ -83,6 +93,8 @@ class Worker:
         name: str | None = None,
         on_progress: Callable[[Stats], None] | None = None,
         handle_signals: bool = True,
+        ignore_sigint: bool = False,
+        parent_pid: int | None = None,
     ) -> None:
         self.queues = list(queues or settings.QUEUES)
         self.batch_size = int(batch_size or settings.BATCH_SIZE)
@@ -91,13 +103,24 @@ class Worker:
         self.name = name or make_worker_name()
         self.on_progress = on_progress
         self.handle_signals = handle_signals
+        self.ignore_sigint = ignore_sigint
+        self.parent_pid = parent_pid
         self.stats = Stats()
         self.stopping = threading.Event()
         self._running: Job | None = None
+        self._unstarted: list[Job] = []
         self._pending_done: list[Job] = []
         self._pending_since = 0.0
-        self._claimed: list[Job] = []
+        # Ids this worker holds (claimed, running or waiting to be recorded): the only
+        # leases the heartbeat renews. A claim whose COMMIT reply was lost leaves rows
+        # we own without knowing; not renewing them lets them expire and be recovered.
+        self._held: set[int] = set()
+        self._held_lock = threading.Lock()
+        self._cancel_ids: set[int] = set()
         self._heartbeat: threading.Thread | None = None
+        # Separate from `stopping`: leases must be renewed until the last job is recorded.
+        self._heartbeat_stop = threading.Event()
+        self._give_up_at: float | None = None  # set while stopping; see _shutdown()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -106,22 +129,32 @@ class Worker:
         self.stopping.set()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
         if self.stopping.is_set() and self._running is not None:
             # Second signal: stop the running job now. It is recorded as a failed
             # attempt (and retried), never silently lost.
-            raise WorkerShutdown(f"Worker stopped by signal {signal.Signals(signum).name}")
+            raise WorkerShutdown(f"Worker {self.name} was stopped by a second {name}.")
         logger.info(
-            "Worker %s: %s received, finishing the current job",
+            "Worker %s: %s received, finishing the current job then exiting",
             self.name,
-            signal.Signals(signum).name,
+            name,
+            extra={"event": "worker_stopping", "worker": self.name},
         )
         self.stop()
+
+    def _on_cancel(self, signum: int, frame: FrameType | None) -> None:
+        job = self._running
+        if job is not None and job.id in self._cancel_ids:
+            raise JobCancelled(f"Job {job.id} was cancelled by an operator while running.")
 
     def run(self) -> Stats:
         previous: dict[signal.Signals, Any] = {}
         if self.handle_signals and threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                previous[signum] = signal.signal(signum, self._on_signal)
+            previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_signal)
+            previous[signal.SIGINT] = signal.signal(
+                signal.SIGINT, signal.SIG_IGN if self.ignore_sigint else self._on_signal
+            )
+            previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._on_cancel)
         try:
             self._register()
             self._start_heartbeat()
@@ -138,21 +171,24 @@ class Worker:
         while not self.stopping.is_set():
             if self.max_jobs is not None and self.stats.processed >= self.max_jobs:
                 break
+            if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                logger.warning("Worker %s: supervisor is gone, stopping", self.name)
+                break
             try:
-                close_old_connections()
+                refresh_connections()
                 jobs = self._claim()
                 failures = 0
             except TRANSIENT_ERRORS as exc:
                 failures += 1
-                delay = min(5.0, 0.1 * 2 ** min(failures, 6))
                 logger.warning(
                     "Worker %s: database error while claiming (%s); retrying in %.1f s",
                     self.name,
                     exc,
-                    delay,
+                    backoff(failures),
+                    extra={"event": "db_error", "worker": self.name},
                 )
-                reset_connections()
-                self.stopping.wait(delay)
+                refresh_connections()
+                self.stopping.wait(backoff(failures))
                 continue
             if not jobs:
                 self._flush(force=True)
@@ -170,40 +206,59 @@ class Worker:
         if self.max_jobs is not None:
             limit = max(1, min(limit, self.max_jobs - self.stats.processed))
         jobs = Job.objects.claim(self.name, limit, self.queues)
-        self._claimed = list(jobs)
+        with self._held_lock:
+            self._held.update(job.id for job in jobs)
         return jobs
 
     def _run_batch(self, jobs: list[Job]) -> None:
-        for index, job in enumerate(jobs):
-            if self.stopping.is_set():
-                self._claimed = jobs[index:]  # handed back by _shutdown()
-                return
-            self._claimed = jobs[index + 1 :]
+        self._unstarted = list(jobs)
+        while self._unstarted and not self.stopping.is_set():
+            job = self._unstarted.pop(0)
+            if job.id in self._cancel_ids:
+                self._finish_cancelled(job, "Cancelled by an operator before it started.")
+                continue
             self._process(job)
-        self._claimed = []
+        # Whatever is left in _unstarted is handed back by _shutdown().
 
     # -- one job -----------------------------------------------------------------------
 
     def _process(self, job: Job) -> None:
+        refresh_connections()
         job.started_at = timezone.now()
-        self._running = job
+        log = {"worker": self.name, "job_id": job.id, "task": job.task}
+        logger.debug("Job %s (%s) started", job.id, job.task, extra={"event": "job_started", **log})
         signals.job_started.send(Job, job=job, worker=self.name)
+        self._running = job
         try:
             timeout = job.timeout or settings.JOB_TIMEOUT
             with time_limit(float(timeout) if timeout else None):
                 result = call_job(job)
+        except RetryJob as exc:
+            self._running = None
+            self._retry_later(job, exc)
+            return
+        except JobCancelled as exc:
+            self._running = None
+            self._finish_cancelled(job, str(exc))
+            return
         except (Exception, JobTimeout, WorkerShutdown) as exc:
             self._running = None
             self._record_failure(job, exc)
             if isinstance(exc, WorkerShutdown):
                 self.stopping.set()
             return
-        self._running = None
+        finally:
+            self._running = None
         job.result = result
         self._pending_done.append(job)
         if len(self._pending_done) == 1:
             self._pending_since = time.monotonic()
         self._flush()
+
+    def _release(self, *ids: int) -> None:
+        with self._held_lock:
+            self._held.difference_update(ids)
+        self._cancel_ids.difference_update(ids)
 
     def _record_failure(self, job: Job, exc: BaseException) -> None:
         text = "".join(traceback.format_exception(exc))
@@ -211,15 +266,17 @@ class Worker:
         status = self._retry_db(
             lambda: Job.objects.finish_failed_attempt(self.name, job, text, error_class)
         )
-        will_retry = status == Job.Status.QUEUED
+        self._release(job.id)
+        log = {"worker": self.name, "job_id": job.id, "task": job.task, "attempt": job.attempts}
         if status is None:
             logger.warning(
-                "Worker %s: job %s was taken over by another worker; its failure "
-                "is not recorded here",
-                self.name,
+                "Job %s: another worker took it over (lease expired); this "
+                "worker's failure is not recorded",
                 job.id,
+                extra={"event": "lease_lost", **log},
             )
             return
+        will_retry = status == Job.Status.QUEUED
         if will_retry:
             self.stats.retried += 1
             logger.info(
@@ -230,16 +287,56 @@ class Worker:
                 job.max_attempts,
                 job.run_after.isoformat(),
                 exc,
+                extra={"event": "job_retry", **log},
             )
         else:
             self.stats.failed += 1
             logger.error(
-                "Job %s (%s) failed after %s attempt(s): %s", job.id, job.task, job.attempts, exc
+                "Job %s (%s) failed after %s attempt(s): %s",
+                job.id,
+                job.task,
+                job.attempts,
+                exc,
+                extra={"event": "job_failed", **log},
             )
         signals.job_failed.send(
             Job, job=job, worker=self.name, exception=exc, will_retry=will_retry
         )
         self._progress()
+
+    def _retry_later(self, job: Job, exc: RetryJob) -> None:
+        done = self._retry_db(lambda: Job.objects.retry_later(self.name, job, exc.delay, str(exc)))
+        self._release(job.id)
+        if done:
+            logger.info(
+                "Job %s (%s) asked to run again in %.1f s: %s",
+                job.id,
+                job.task,
+                exc.delay,
+                exc,
+                extra={
+                    "event": "job_deferred",
+                    "job_id": job.id,
+                    "task": job.task,
+                    "worker": self.name,
+                },
+            )
+
+    def _finish_cancelled(self, job: Job, reason: str) -> None:
+        self._retry_db(lambda: Job.objects.cancel_claimed(self.name, job, reason))
+        self._release(job.id)
+        logger.warning(
+            "Job %s (%s): %s",
+            job.id,
+            job.task,
+            reason,
+            extra={
+                "event": "job_cancelled",
+                "job_id": job.id,
+                "task": job.task,
+                "worker": self.name,
+            },
+        )
 
     def _flush(self, force: bool = False) -> None:
         pending = self._pending_done
@@ -250,24 +347,26 @@ class Worker:
             return
         self._pending_done = []
         finished = self._retry_db(lambda: Job.objects.finish_done(self.name, pending))
+        self._release(*(job.id for job in pending))
         for job in pending:
             if job.id in finished:
                 self.stats.done += 1
                 signals.job_finished.send(Job, job=job, worker=self.name, result=job.result)
             else:
                 logger.warning(
-                    "Worker %s: job %s finished but was taken over by another "
-                    "worker meanwhile; not recorded twice",
-                    self.name,
+                    "Job %s finished, but another worker took it over meanwhile "
+                    "(lease expired); not recorded twice",
                     job.id,
+                    extra={"event": "lease_lost", "job_id": job.id, "worker": self.name},
                 )
         self._progress()
 
-    def _retry_db(self, write: Callable[[], Any]) -> Any:
-        """Run a finishing write until the database takes it.
+    def _retry_db(self, write: Callable[[], T]) -> T:
+        """Run a recording write until the database takes it.
 
-        The writes are guarded by (status=claimed, owner=us), so repeating one that
-        did reach the database before the connection broke changes nothing.
+        The writes are guarded by (status=claimed, owner=us), so repeating one that did
+        reach the database before the connection broke changes nothing: a job is
+        finalized exactly once.
         """
         failures = 0
         while True:
@@ -275,15 +374,17 @@ class Worker:
                 return write()
             except TRANSIENT_ERRORS as exc:
                 failures += 1
-                delay = min(5.0, 0.1 * 2 ** min(failures, 6))
+                if self._give_up_at is not None and time.monotonic() > self._give_up_at:
+                    raise
                 logger.warning(
-                    "Worker %s: database error while recording a result (%s); retrying in %.1f s",
+                    "Worker %s: database error while recording (%s); retrying in %.1f s",
                     self.name,
                     exc,
-                    delay,
+                    backoff(failures),
+                    extra={"event": "db_error", "worker": self.name},
                 )
-                reset_connections()
-                time.sleep(delay)
+                refresh_connections()
+                time.sleep(backoff(failures))
 
     def _progress(self) -> None:
         if self.on_progress is not None:
@@ -296,6 +397,12 @@ class Worker:
         self._retry_db(
             lambda: WorkerRow.objects.create(name=self.name, host=host, pid=pid, queues=self.queues)
         )
+        logger.info(
+            "Worker %s started on queues %s",
+            self.name,
+            ", ".join(self.queues),
+            extra={"event": "worker_started", "worker": self.name},
+        )
 
     def _start_heartbeat(self) -> None:
         self._heartbeat = threading.Thread(
@@ -306,42 +413,83 @@ class Worker:
     def _heartbeat_loop(self) -> None:
         interval = float(settings.HEARTBEAT_INTERVAL)
         try:
-            while not self.stopping.wait(interval):
+            while not self._heartbeat_stop.wait(interval):
                 self.beat()
         finally:
             connections.close_all()
 
     def beat(self) -> None:
-        """Renew leases, report liveness, recover jobs of dead workers."""
+        """Renew our leases, say we are alive, notice cancellations, recover dead workers' jobs."""
         try:
-            Job.objects.renew_leases(self.name)
+            refresh_connections()
+            with self._held_lock:
+                held = sorted(self._held)
+            now = timezone.now()
+            Job.objects.renew_leases(self.name, held)
             WorkerRow.objects.filter(name=self.name).update(
-                heartbeat_at=timezone.now(),
+                heartbeat_at=now,
                 jobs_done=self.stats.done,
                 jobs_failed=self.stats.failed,
             )
+            if held:
+                self._notice_cancellations(held)
             requeued, failed = Job.objects.recover_expired()
             if requeued or failed:
                 logger.warning(
-                    "Recovered %s job(s) from dead workers (%s requeued, %s failed)",
+                    "Recovered %s job(s) of workers that stopped renewing their "
+                    "leases: %s requeued, %s failed (attempts spent)",
                     requeued + failed,
                     requeued,
                     failed,
+                    extra={"event": "jobs_recovered", "worker": self.name},
                 )
+            WorkerRow.objects.filter(heartbeat_at__lt=now - DEAD_WORKER_ROW_TTL).delete()
         except TRANSIENT_ERRORS as exc:
-            logger.warning("Worker %s: heartbeat failed (%s); will retry", self.name, exc)
-            reset_connections()
+            logger.warning(
+                "Worker %s: heartbeat failed (%s); will retry",
+                self.name,
+                exc,
+                extra={"event": "db_error", "worker": self.name},
+            )
+            refresh_connections()
+
+    def _notice_cancellations(self, held: list[int]) -> None:
+        cancelled = Job.objects.cancel_requested_ids(self.name, held) - self._cancel_ids
+        if not cancelled:
+            return
+        self._cancel_ids.update(cancelled)
+        running = self._running
+        if running is not None and running.id in cancelled and self.handle_signals:
+            # Interrupt the main thread: its SIGUSR1 handler raises JobCancelled in the job.
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
 
     def _shutdown(self) -> None:
         self.stopping.set()
+        # If the database stays away, give up after a while: whatever we could not
+        # record or hand back is recovered by other workers when our leases run out.
+        self._give_up_at = time.monotonic() + max(30.0, float(settings.LEASE_TIMEOUT))
         try:
             self._flush(force=True)
-            unstarted = [job.id for job in self._claimed]
+            unstarted = [job.id for job in self._unstarted]
             if unstarted:
                 given = self._retry_db(lambda: Job.objects.give_back(self.name, unstarted))
-                logger.info("Worker %s: gave back %s unstarted job(s)", self.name, given)
-            self._claimed = []
+                self._release(*unstarted)
+                logger.info(
+                    "Worker %s: gave back %s unstarted job(s)",
+                    self.name,
+                    given,
+                    extra={"event": "jobs_given_back", "worker": self.name},
+                )
+            self._unstarted = []
             self._retry_db(lambda: WorkerRow.objects.filter(name=self.name).delete())
+        except TRANSIENT_ERRORS as exc:
+            logger.error(
+                "Worker %s: could not reach the database while stopping (%s); its "
+                "jobs will be recovered when their leases expire",
+                self.name,
+                exc,
+            )
         finally:
+            self._heartbeat_stop.set()
             if self._heartbeat is not None:
-                self._heartbeat.join(timeout=float(settings.HEARTBEAT_INTERVAL) + 5)
+                self._heartbeat.join(timeout=30)

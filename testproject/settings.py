@@ -5,9 +5,11 @@ test suite runs on all three. DBQUEUE_DB_NAME names the database (tests set it s
 processes they start use the test database).
 """
 
+import importlib.util
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 SECRET_KEY = "dbqueue-demo-not-secret"
@@ -100,21 +102,24 @@ else:
     raise RuntimeError(f"DBQUEUE_DB must be sqlite, mysql or postgres, not {DB_VENDOR!r}")
 
 REDIS_URL = os.environ.get("DBQUEUE_REDIS_URL", "redis://127.0.0.1:6379/0")
-CACHES = {
-    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
-    "redis": {
+CACHES: dict[str, dict[str, Any]] = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+}
+# The demo installs no extras; the tests install django-redis (the [redis] extra).
+if importlib.util.find_spec("django_redis"):
+    CACHES["redis"] = {
         "BACKEND": "django_redis.cache.RedisCache",
         "LOCATION": REDIS_URL,
         "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
-    },
-}
+    }
 
-DBQUEUE = {
+DBQUEUE: dict[str, Any] = {
     "QUEUES": ["default", "emails", "reports"],
     "LOCK_REDIS_ALIAS": "redis",
 }
 
-TASKS = {"default": {"BACKEND": "django_tasks.backends.immediate.ImmediateBackend"}}
+# @task functions (Django Tasks) go through the same Job table and run_jobs workers.
+TASKS = {"default": {"BACKEND": "django_dbqueue.backends.DBQueueBackend"}}
 
 LOGGING = {
     "version": 1,

@@ -13,6 +13,21 @@ import pytest
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
+VENDORS = {"sqlite": "sqlite", "mysql": "mysql", "postgres": "postgresql"}
+CURRENT_DB = os.environ.get("DBQUEUE_DB", "sqlite")
+CURRENT_VENDOR = VENDORS[CURRENT_DB]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselect (not skip) tests marked ``only_vendor(...)`` for another database run."""
+    keep, drop = [], []
+    for item in items:
+        marker = item.get_closest_marker("only_vendor")
+        wanted = set(marker.args) if marker is not None else set()
+        (keep if marker is None or wanted & {CURRENT_VENDOR, CURRENT_DB} else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
 
 
 @pytest.fixture

@@ -44,3 +44,37 @@ class Tasks:
     @staticmethod
     def static_add(a: int, b: int) -> int:
         return a + b
+
+
+def retry_once(key: str) -> str:
+    """Ask to be run again later the first time, succeed the second time."""
+    from django_dbqueue.exceptions import RetryJob
+
+    if not Execution.objects.filter(key=key).exists():
+        Execution.objects.create(key=key, pid=os.getpid())
+        raise RetryJob(0.3, "the upstream service said: come back later")
+    return key
+
+
+def lock_own_row_then_return(job_id: int, hold: float) -> str:
+    """Hold a row lock on this job from another connection while the worker records it."""
+    import threading
+
+    from django.db import connection, transaction
+
+    from django_dbqueue.models import Job
+
+    locked = threading.Event()
+
+    def hold_lock() -> None:
+        try:
+            with transaction.atomic():
+                list(Job.objects.select_for_update().filter(pk=job_id))
+                locked.set()
+                time.sleep(hold)
+        finally:
+            connection.close()
+
+    threading.Thread(target=hold_lock, daemon=True).start()
+    locked.wait(10)
+    return "recorded after the lock was released"

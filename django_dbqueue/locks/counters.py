@@ -1,0 +1,68 @@
+"""A shared counter with wrap-around: the next id in [min_value, max_value], atomically.
+
+On Redis it is one Lua script (INCR, wrapping to ``min_value`` past ``max_value``); on the
+database one ``UPDATE ... SET value = CASE ... END`` on the ``dbqueue_counter`` row, read
+back in the same transaction, never a read-then-write.
+"""
+
+from __future__ import annotations
+
+from django.db import router, transaction
+from django.db.models import Case, F, Q, Value, When
+
+from django_dbqueue.conf import settings
+from django_dbqueue.locks.base import short_name
+
+BIGINT_MIN = -(2**63)
+BIGINT_MAX = 2**63 - 1
+
+
+def next_counter_value(
+    name: str,
+    *,
+    min_value: int = 1,
+    max_value: int = BIGINT_MAX,
+    backend: str | None = None,
+    using: str | None = None,
+) -> int:
+    """Advance counter ``name`` and return its new value; after ``max_value`` comes
+    ``min_value`` again. ``backend`` is "redis" or "database" (default: "redis" when
+    ``LOCK_BACKEND`` is "redis", else "database"); ``using`` is the cache or database
+    alias. Inside a caller's transaction the database counter row stays locked (and the
+    value may roll back) until that transaction ends."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"A counter name must be a non-empty string, not {name!r}.")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (min_value, max_value)):
+        raise ValueError("min_value and max_value must be integers.")
+    if not BIGINT_MIN < min_value <= max_value <= BIGINT_MAX:
+        raise ValueError(
+            f"Need -2**63 < min_value <= max_value < 2**63, got [{min_value}, {max_value}]."
+        )
+    kind = backend or ("redis" if settings.LOCK_BACKEND == "redis" else "database")
+    if kind == "redis":
+        from django_dbqueue.locks.redis import redis_counter_next
+
+        return redis_counter_next(name, min_value, max_value, using)
+    if kind != "database":
+        raise ValueError(f"Counter backend must be 'redis' or 'database', not {kind!r}.")
+    return database_counter_next(short_name(name, 255), min_value, max_value, using)
+
+
+def database_counter_next(name: str, min_value: int, max_value: int, using: str | None) -> int:
+    from django_dbqueue.models import Counter
+
+    alias = using or router.db_for_write(Counter)
+    rows = Counter.objects.using(alias).filter(name=name)
+    advance = Case(
+        When(Q(value__gte=max_value) | Q(value__lt=min_value), then=Value(min_value)),
+        default=F("value") + 1,
+    )
+    for _ in range(2):
+        with transaction.atomic(using=alias):
+            if rows.update(value=advance):
+                # Our UPDATE holds the row lock until commit: this reads our own value.
+                return int(rows.values_list("value", flat=True).get())
+        # First use: create the row outside that transaction (no gap-lock deadlock between
+        # two first users on InnoDB), one below min_value so the UPDATE yields min_value.
+        Counter.objects.using(alias).get_or_create(name=name, defaults={"value": min_value - 1})
+    raise RuntimeError(f"Counter {name!r} vanished while it was being advanced.")

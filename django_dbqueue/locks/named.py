@@ -1,0 +1,246 @@
+"""``named_lock``: one API over every backend, as a context manager and as a decorator."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import string
+import threading
+import warnings
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, TypeVar
+
+from django.db import connections
+from django.utils.module_loading import import_string
+
+from django_dbqueue.conf import settings
+from django_dbqueue.exceptions import (
+    LockLost,
+    LockNotAcquired,
+    LockReleasedBeforeCommit,
+    LockReleasedBeforeCommitWarning,
+    RetryJob,
+)
+from django_dbqueue.locks.base import BaseLock
+
+logger = logging.getLogger("django_dbqueue.locks")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+BACKENDS = {
+    "redis": "django_dbqueue.locks.redis.RedisLock",
+    "mysql": "django_dbqueue.locks.mysql.MySQLLock",
+    "postgres": "django_dbqueue.locks.postgres.PostgresLock",
+}
+RELEASE_MODES = ("warn", "raise", "ignore")
+
+
+def get_backend(name: str | None = None) -> type[BaseLock]:
+    """The lock class for a backend name (default ``DBQUEUE['LOCK_BACKEND']``) or a
+    dotted path to a :class:`BaseLock` subclass."""
+    backend = name or settings.LOCK_BACKEND
+    if backend not in BACKENDS and "." not in str(backend):
+        raise ValueError(
+            f"Unknown lock backend {backend!r}: use one of {', '.join(BACKENDS)} or the "
+            "dotted path of a django_dbqueue.locks.base.BaseLock subclass."
+        )
+    cls = import_string(BACKENDS.get(backend, backend))
+    if not (isinstance(cls, type) and issubclass(cls, BaseLock)):
+        raise ValueError(f"Lock backend {backend!r} is not a BaseLock subclass.")
+    return cls
+
+
+def open_transactions() -> list[str]:
+    """Aliases of this thread's connections with a transaction open (test-case wrappers
+    excluded: they never commit)."""
+    aliases = []
+    for conn in connections.all(initialized_only=True):
+        user_blocks = [b for b in conn.atomic_blocks if not getattr(b, "_from_testcase", False)]
+        # Outside atomic(), autocommit off means set_autocommit(False): a manual transaction.
+        manual = not conn.in_atomic_block and conn.connection is not None and not conn.autocommit
+        if user_blocks or manual:
+            aliases.append(conn.alias)
+    return aliases
+
+
+class named_lock:  # lower case: it reads like a function, `with named_lock(...)`
+    """Mutual exclusion (or at most ``limit`` holders) across processes and hosts.
+
+    ``with named_lock("report") as lock:`` gives the backend lock object (``lock.owned()``,
+    ``lock.extend()``, ``lock.lost``, ``lock.fencing_token``). As a decorator the name may
+    use the function's arguments: ``@named_lock("fetch:{item_id}")``, or be a callable
+    taking the same arguments. When the lock is not acquired, ``on_fail`` decides:
+    ``"raise"`` (:class:`LockNotAcquired`), ``"retry"`` (:class:`RetryJob` so a job runs
+    again later), an HTTP status such as 409/423/429 (a view returns that response), or a
+    callable taking the function's arguments whose result is returned instead.
+    """
+
+    def __init__(
+        self,
+        name: str | Callable[..., str],
+        *,
+        backend: str | None = None,
+        using: str | None = None,
+        timeout: float | None = None,
+        blocking: bool = True,
+        blocking_timeout: float | None = None,
+        limit: int = 1,
+        fencing: bool = False,
+        auto_renew: bool = False,
+        on_lost: Callable[[BaseLock], object] | None = None,
+        on_fail: str | int | Callable[..., Any] = "raise",
+        retry_delay: float = 10.0,
+        release_in_transaction: str | None = None,
+    ) -> None:
+        if not (callable(name) or (isinstance(name, str) and name)):
+            raise ValueError(f"A lock name must be a non-empty string or a callable, not {name!r}.")
+        if not (
+            on_fail in ("raise", "retry")
+            or callable(on_fail)
+            or (isinstance(on_fail, int) and 400 <= on_fail <= 599)
+        ):
+            raise ValueError(
+                f"on_fail must be 'raise', 'retry', an HTTP status 400-599 or a callable, "
+                f"not {on_fail!r}."
+            )
+        if release_in_transaction not in (None, *RELEASE_MODES):
+            raise ValueError(f"release_in_transaction must be one of {RELEASE_MODES}.")
+        self.name = name
+        self.backend = backend
+        self.options: dict[str, Any] = {
+            "using": using,
+            "timeout": timeout,
+            "limit": limit,
+            "fencing": fencing,
+            "on_lost": on_lost,
+        }
+        self.blocking = blocking
+        self.blocking_timeout = blocking_timeout
+        self.auto_renew = auto_renew
+        self.on_fail = on_fail
+        self.retry_delay = retry_delay
+        self.release_in_transaction = release_in_transaction
+        # Held locks of `with` blocks, per thread: one named_lock object may be shared
+        # (a module-level constant) while every acquisition keeps its own token.
+        self.local = threading.local()
+
+    # Acquire / release -----------------------------------------------------------------
+
+    def acquire(self, name: str) -> BaseLock:
+        lock = get_backend(self.backend)(name, **self.options)
+        lock.acquire_or_raise(self.blocking, self.blocking_timeout)
+        if self.auto_renew:
+            lock.start_auto_renew()
+        return lock
+
+    def release(self, lock: BaseLock, failing: bool) -> None:
+        mode = self.release_in_transaction or settings.LOCK_RELEASE_IN_TRANSACTION
+        # A failing block's transaction is about to roll back: nothing stale to read.
+        open_aliases = [] if failing or mode == "ignore" else open_transactions()
+        try:
+            lock.release()
+        except LockLost:
+            if not failing:
+                raise
+            # Do not hide the exception that is already on its way out; mark_lost logged.
+        if open_aliases:
+            message = (
+                f"Lock {lock.name!r} was released while a transaction on database "
+                f"{', '.join(open_aliases)} is still open: the next holder can read the data "
+                "from before this transaction's writes. Take the lock outside "
+                "transaction.atomic() (and outside ATOMIC_REQUESTS), or pass "
+                "release_in_transaction='ignore' if the lock guards no database writes."
+            )
+            if mode == "raise":
+                raise LockReleasedBeforeCommit(message)
+            warnings.warn(message, LockReleasedBeforeCommitWarning, stacklevel=3)
+
+    # Context manager -------------------------------------------------------------------
+
+    def __enter__(self) -> BaseLock:
+        if not isinstance(self.name, str):
+            raise TypeError("A lock name built from arguments only works as a decorator.")
+        lock = self.acquire(self.name)
+        stack: list[BaseLock] = self.local.__dict__.setdefault("stack", [])
+        stack.append(lock)
+        return lock
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release(self.local.stack.pop(), failing=exc is not None)
+
+    # Decorator -------------------------------------------------------------------------
+
+    def __call__(self, func: F) -> F:
+        if inspect.iscoroutinefunction(func):
+            raise TypeError("named_lock does not decorate async functions yet.")
+        signature = inspect.signature(func)
+        self.check_template(signature, func)
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            name = self.name_for(signature, args, kwargs)
+            try:
+                lock = self.acquire(name)
+            except LockNotAcquired as error:
+                return self.not_acquired(error, args, kwargs)
+            try:
+                result = func(*args, **kwargs)
+            except BaseException:
+                self.release(lock, failing=True)
+                raise
+            self.release(lock, failing=False)
+            return result
+
+        return wrapper  # type: ignore[return-value]
+
+    def check_template(self, signature: inspect.Signature, func: Callable[..., Any]) -> None:
+        if not isinstance(self.name, str):
+            return
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+        for _, field, _, _ in string.Formatter().parse(self.name):
+            if field is None:
+                continue
+            root = field.split(".")[0].split("[")[0]
+            if not root or (root not in signature.parameters and not takes_any):
+                raise ValueError(
+                    f"Lock name {self.name!r} uses {{{field}}}, but {func.__qualname__}() "
+                    f"has no argument {root!r}. Name fields must be argument names, e.g. "
+                    "'fetch:{item_id}' (double the braces for a literal one)."
+                )
+
+    def name_for(self, signature: inspect.Signature, args: Any, kwargs: Any) -> str:
+        if callable(self.name):
+            return str(self.name(*args, **kwargs))
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        arguments = dict(bound.arguments)
+        for param in signature.parameters.values():
+            if param.kind is param.VAR_KEYWORD:
+                arguments.update(arguments.pop(param.name, {}))
+        return self.name.format(**arguments)
+
+    def not_acquired(self, error: LockNotAcquired, args: Any, kwargs: Any) -> Any:
+        if self.on_fail == "raise":
+            raise error
+        if self.on_fail == "retry":
+            raise RetryJob(self.retry_delay, str(error)) from error
+        if isinstance(self.on_fail, int):
+            from django.http import HttpResponse
+
+            # The lock name may contain ids or other internals: do not show it.
+            response = HttpResponse(
+                "This resource is busy; try again later.\n",
+                status=self.on_fail,
+                content_type="text/plain; charset=utf-8",
+            )
+            response["Retry-After"] = str(max(1, round(self.retry_delay)))
+            return response
+        assert callable(self.on_fail)
+        return self.on_fail(*args, **kwargs)

@@ -1,0 +1,54 @@
+"""PostgreSQL locks: session advisory locks on a dedicated connection.
+
+The key is the first 64 bits of the SHA-256 of the lock name as a signed bigint: stable
+across processes and Python versions (unlike ``hash()``). There is no wait-with-timeout
+form of ``pg_advisory_lock``, so waiting is the base class's polling of
+``pg_try_advisory_lock`` with backoff. Advisory locks are per database.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from django_dbqueue.locks.database import DatabaseLock
+
+
+def advisory_key(name: str) -> int:
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+
+
+class PostgresLock(DatabaseLock):
+    backend_name = "postgres"
+    vendor = "postgresql"
+    fencing_sql = (
+        "INSERT INTO dbqueue_counter (name, value) VALUES (%s, 1) "
+        "ON CONFLICT (name) DO UPDATE SET value = dbqueue_counter.value + 1 RETURNING value"
+    )
+
+    def query_token(self, counter: str) -> int:
+        return int(self.query(self.fencing_sql, [counter]))
+
+    def try_lock(self, slot: str) -> bool:
+        return self.query("SELECT pg_try_advisory_lock(%s)", [advisory_key(slot)]) is True
+
+    def unlock(self, slot: str) -> bool:
+        return self.query("SELECT pg_advisory_unlock(%s)", [advisory_key(slot)]) is True
+
+    def is_mine(self, slot: str) -> bool:
+        # A bigint advisory key shows in pg_locks as classid (high 32 bits) and objid
+        # (low 32 bits) with objsubid 1.
+        key = advisory_key(slot) & 0xFFFFFFFFFFFFFFFF
+        return (
+            self.query(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' "
+                "AND pid = pg_backend_pid() AND granted AND objsubid = 1 "
+                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+                "AND classid = %s::bigint::oid AND objid = %s::bigint::oid)",
+                [key >> 32, key & 0xFFFFFFFF],
+            )
+            is True
+        )
+
+    def backend_pid(self) -> int:
+        """This holder's server process id (what ``pg_terminate_backend`` takes)."""
+        return int(self.query("SELECT pg_backend_pid()", []))

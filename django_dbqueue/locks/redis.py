@@ -1,0 +1,156 @@
+"""Redis locks through a django-redis connection.
+
+A mutex is one ``SET key token NX PX ttl``; release and extend compare the token in the
+same Lua script that deletes or extends, so a holder whose lease ran out can never remove
+or prolong the next holder's key. A semaphore is a sorted set of holder tokens scored by
+their expiry (Redis server time, so clocks of the clients do not matter), pruned and added
+to in one script. Keys: ``<LOCK_PREFIX>mutex:<name>``, ``semaphore:<name>``, ``fence:<name>``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django_dbqueue.conf import settings
+from django_dbqueue.locks.base import BaseLock
+
+# Milliseconds of Redis server time, for the semaphore's expiry scores.
+_NOW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+"""
+
+# Returns 0 when busy, -1 when acquired without fencing, else the new fencing token.
+MUTEX_ACQUIRE = """
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+if ARGV[3] == '1' then return redis.call('INCR', KEYS[2]) end
+return -1
+"""
+MUTEX_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+MUTEX_EXTEND = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+"""
+SEMAPHORE_ACQUIRE = (
+    _NOW
+    + """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+if ARGV[4] == '1' then return redis.call('INCR', KEYS[2]) end
+return -1
+"""
+)
+# A token whose score is in the past is expired even if not pruned yet: not ours any more.
+SEMAPHORE_RELEASE = (
+    _NOW
+    + """
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[1], ARGV[1])
+if score and tonumber(score) > now then return 1 end
+return 0
+"""
+)
+SEMAPHORE_EXTEND = (
+    _NOW
+    + """
+local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if not score or tonumber(score) <= now then
+    redis.call('ZREM', KEYS[1], ARGV[1])
+    return 0
+end
+if ARGV[2] == '0' then return 1 end
+redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
+if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 1
+"""
+)
+COUNTER_NEXT = """
+local v = redis.call('INCR', KEYS[1])
+if v > tonumber(ARGV[2]) or v < tonumber(ARGV[1]) then
+    redis.call('SET', KEYS[1], ARGV[1])
+    v = tonumber(ARGV[1])
+end
+return v
+"""
+
+
+def redis_client(alias: str | None = None) -> Any:
+    """The redis-py client behind the django-redis cache ``alias``."""
+    from django_redis import get_redis_connection
+
+    return get_redis_connection(alias or settings.LOCK_REDIS_ALIAS)
+
+
+def redis_key(kind: str, name: str) -> str:
+    # The kind comes right after the prefix, so no lock name can collide with another
+    # kind's key (a mutex named "x:fence" is still "mutex:x:fence").
+    return f"{settings.LOCK_PREFIX}{kind}:{name}"
+
+
+def redis_counter_next(name: str, min_value: int, max_value: int, using: str | None) -> int:
+    script = redis_client(using).register_script(COUNTER_NEXT)
+    return int(script(keys=[redis_key("counter", name)], args=[min_value, max_value]))
+
+
+class RedisLock(BaseLock):
+    backend_name = "redis"
+    expires = True
+
+    def __init__(self, name: str, **options: Any) -> None:
+        super().__init__(name, **options)
+        self.client = redis_client(self.using)
+        # A fresh random token per acquisition: two holders never share one, even in the
+        # same thread, so release/extend by one can never act on the other's lock.
+        self.token = uuid.uuid4().hex
+        kind = "mutex" if self.limit == 1 else "semaphore"
+        self.key = redis_key(kind, name)
+        self.fence_key = redis_key("fence", name)
+
+    def _run(self, source: str, keys: list[str], *args: object) -> int:
+        return int(self.client.register_script(source)(keys=keys, args=list(args)))
+
+    def _ms(self, seconds: float) -> int:
+        return max(1, int(seconds * 1000))
+
+    def do_acquire(self) -> bool:
+        fencing = "1" if self.fencing else "0"
+        if self.limit == 1:
+            result = self._run(
+                MUTEX_ACQUIRE,
+                [self.key, self.fence_key],
+                self.token,
+                self._ms(self.timeout),
+                fencing,
+            )
+        else:
+            result = self._run(
+                SEMAPHORE_ACQUIRE,
+                [self.key, self.fence_key],
+                self.token,
+                self._ms(self.timeout),
+                self.limit,
+                fencing,
+            )
+        if result == 0:
+            return False
+        self.fencing_token = result if result > 0 else None
+        return True
+
+    def do_release(self) -> bool:
+        source = MUTEX_RELEASE if self.limit == 1 else SEMAPHORE_RELEASE
+        return self._run(source, [self.key], self.token) == 1
+
+    def do_extend(self, seconds: float) -> bool:
+        source = MUTEX_EXTEND if self.limit == 1 else SEMAPHORE_EXTEND
+        return self._run(source, [self.key], self.token, self._ms(seconds)) == 1
+
+    def do_owned(self) -> bool:
+        if self.limit == 1:
+            return bool(self.client.get(self.key) == self.token.encode())
+        return self._run(SEMAPHORE_EXTEND, [self.key], self.token, 0) == 1

@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import router
+
+from django_dbqueue import bench
+from django_dbqueue.management.commands.run_jobs import positive_int
+from django_dbqueue.models import Job
+
+PARTS = ("enqueue", "drain", "latency", "history")
+
+
+class Command(BaseCommand):
+    help = (
+        "Benchmark the queue on the configured database with no-op jobs. DELETES every job "
+        "in the table first: run it on a database of its own."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--jobs", type=positive_int, default=20_000,
+                            help="Jobs per drain measurement (default 20000).")
+        parser.add_argument("--workers", type=positive_int, default=2,
+                            help="Worker processes draining (default 2).")
+        parser.add_argument("--batch-size", type=positive_int, default=None,
+                            help="Claim batch size (default DBQUEUE['BATCH_SIZE']).")
+        parser.add_argument("--single", type=positive_int, default=2_000,
+                            help="Jobs enqueued one at a time (default 2000).")
+        parser.add_argument("--bulk", type=positive_int, default=50_000,
+                            help="Jobs enqueued with enqueue_many (default 50000).")
+        parser.add_argument("--samples", type=positive_int, default=200,
+                            help="Idle pickup latency samples (default 200).")
+        parser.add_argument("--history", type=positive_int, default=1_000_000,
+                            help="Finished rows in the table for the last drain (default 1M).")
+        parser.add_argument("--only", action="append", choices=PARTS,
+                            help="Run only these parts (repeatable).")
+        parser.add_argument("--json", action="store_true", help="Print one JSON object.")
+        parser.add_argument("--yes", action="store_true",
+                            help="Do not ask before deleting the jobs already in the table.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        parts = options["only"] or list(PARTS)
+        existing = Job.objects.count()
+        if existing and not options["yes"]:
+            raise CommandError(
+                f"The job table holds {existing} jobs and the benchmark deletes them all. "
+                "Point it at a database of its own, or pass --yes."
+            )
+        quiet = options["json"]
+
+        def say(line: str) -> None:
+            if not quiet:
+                self.stdout.write(line)
+
+        from django.db import connections
+
+        vendor = connections[router.db_for_write(Job)].vendor
+        results = bench.Results(vendor=vendor, workers=options["workers"])
+        fig = results.figures
+        say(f"dbqueue_bench on {vendor}, {options['workers']} worker process(es)")
+        bench.clear_jobs()
+        if "enqueue" in parts:
+            fig["enqueue_single_per_s"] = bench.bench_enqueue_single(options["single"])
+            say(f"  enqueue one at a time: {fig['enqueue_single_per_s']:,.0f} jobs/s")
+            bench.clear_jobs()
+            fig["enqueue_bulk_per_s"] = bench.bench_enqueue_bulk(options["bulk"])
+            say(f"  enqueue_many:          {fig['enqueue_bulk_per_s']:,.0f} jobs/s")
+            bench.clear_jobs()
+        if "drain" in parts:
+            fig["drain_per_s"] = bench.bench_drain(options["jobs"], options["workers"],
+                                                   options["batch_size"])
+            say(f"  drain, empty table:    {fig['drain_per_s']:,.0f} jobs/s")
+            bench.clear_jobs()
+        if "latency" in parts:
+            lat = bench.bench_latency(options["samples"])
+            fig.update({f"latency_{k}_ms": v for k, v in lat.items()})
+            say(f"  idle pickup latency:   p50 {lat['p50']:.1f} ms, p90 {lat['p90']:.1f} ms, "
+                f"p99 {lat['p99']:.1f} ms")
+            bench.clear_jobs()
+        if "history" in parts:
+            seconds = bench.fill_history(options["history"], say)
+            results.notes["history_rows"] = options["history"]
+            results.notes["history_fill_s"] = round(seconds, 1)
+            fig["drain_with_history_per_s"] = bench.bench_drain(
+                options["jobs"], options["workers"], options["batch_size"])
+            say(f"  drain, {options['history']:,} finished rows: "
+                f"{fig['drain_with_history_per_s']:,.0f} jobs/s")
+            bench.clear_jobs()
+        if quiet:
+            self.stdout.write(json.dumps({"vendor": results.vendor, "workers": results.workers,
+                                          **{k: round(v, 2) for k, v in fig.items()},
+                                          **results.notes}))
+        else:
+            self._table(results)
+
+    def _table(self, results: bench.Results) -> None:
+        self.stdout.write("")
+        self.stdout.write(f"{'measure':<34}{'value':>14}")
+        self.stdout.write("-" * 48)
+        for key, value in results.figures.items():
+            self.stdout.write(f"{key:<34}{value:>14,.1f}")
