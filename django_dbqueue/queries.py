@@ -108,7 +108,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         """
         now = timezone.now()
         locked = self.select_for_update().filter(status__in=[QUEUED, CLAIMED])
-        with claim_transaction(locked.db):  # select_for_update() routes it for writing
+        with write_transaction(locked.db):  # select_for_update() routes it for writing
             list(locked.values_list("id", flat=True))
             active = self.using(locked.db).filter(status__in=[QUEUED, CLAIMED])
             cancelled = active.filter(status=QUEUED).update(

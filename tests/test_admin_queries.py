@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
+from django.test import Client
+from django.urls import reverse
 from django.utils import timezone
 
+from django_dbqueue import enqueue
 from django_dbqueue.models import Job
 from django_dbqueue.tasks import task_path
 from django_dbqueue.worker import Worker
 from tests import jobs
+from tests.conftest import Processes, wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -121,3 +127,25 @@ def test_requeued_job_runs_again() -> None:
     assert stats.done == 1
     job.refresh_from_db()
     assert (job.status, job.result, job.attempts) == (S.DONE, 42, 1)
+
+
+@pytest.mark.processes
+def test_admin_cancel_stops_a_job_a_real_worker_is_running(
+    admin_client: Client, processes: Processes, worker_env: Callable[..., dict[str, str]]
+) -> None:
+    running = enqueue(jobs.sleep, [60])
+    proc = processes.run_jobs(
+        "--batch-size", "1", env=worker_env(LEASE_TIMEOUT=3, HEARTBEAT_INTERVAL=0.3)
+    )
+    wait_until(lambda: running.refresh_status() == S.CLAIMED, timeout=30)
+    response = admin_client.post(
+        reverse("admin:django_dbqueue_job_changelist"),
+        {"action": "cancel_jobs", "index": "0", "_selected_action": [str(running.pk)]},
+        follow=True,
+    )
+    assert "Asked the workers running 1 job(s) to stop them" in str(
+        list(response.context["messages"])[1]
+    )
+    wait_until(lambda: running.refresh_status() == S.CANCELLED, timeout=15)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0
