@@ -71,6 +71,12 @@ class Job(models.Model):
             models.Index(fields=["status", "owner"], name="dbq_job_owner"),
             # History: failures since, throughput per minute, purging old rows.
             models.Index(fields=["status", "finished_at"], name="dbq_job_finished"),
+            # Admin: filter by queue (with or without status) newest first without
+            # sorting the matches, and count per queue x status within one range.
+            models.Index(fields=["queue", "status", "id"], name="dbq_job_queue"),
+            # Admin: one task's jobs (its failures above all), newest first; tasks are
+            # many and a task filter without an index would read the whole table.
+            models.Index(fields=["task", "status", "id"], name="dbq_job_task"),
         ]
 
     def __str__(self) -> str:

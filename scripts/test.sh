@@ -27,6 +27,18 @@ if ! pkg-config --exists libmariadb 2>/dev/null && ! pkg-config --exists mysqlcl
     fi
 fi
 
+# The admin's browser tests drive Debian's Chromium through Playwright.
+if ! command -v chromium >/dev/null; then
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+        say "Installing chromium (the admin's browser tests run it headless)"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    fi
+    if ! command -v chromium >/dev/null; then
+        loud "chromium is missing and could not be installed (apt-get install chromium): the browser tests will fail"
+        if [[ "${CI:-}" == "true" ]]; then exit 1; fi
+    fi
+fi
+
 stamp="$VENV/.test-installed"
 if [[ ! -x "$PY" || ! -f "$stamp" || pyproject.toml -nt "$stamp" ]]; then
     say "Installing django-dbqueue with its test dependencies into $VENV"
