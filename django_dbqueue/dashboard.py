@@ -1,8 +1,9 @@
 """What the admin dashboard shows, computed with bounded, indexed queries.
 
 Every query here reads an index range: counts are capped (``COUNT`` over a ``LIMIT``
-subquery on ``dbq_job_queue``), throughput reads ``dbq_job_finished`` for the last hour
-only, the oldest waiting job is the first row of ``dbq_job_queue`` for that queue.
+subquery on the (status, queue) prefix of ``dbq_job_claim``), throughput reads
+``dbq_job_finished`` for the last hour only, the oldest waiting job comes from the queue's
+runnable range of ``dbq_job_claim`` (the backlog, never the history).
 """
 
 from __future__ import annotations
@@ -107,8 +108,10 @@ def queue_rows(now: datetime, limit: int) -> list[QueueRow]:
             queue, [(status, *capped_count(queue, status, limit)) for status in STATUSES]
         )
         oldest = (
+            # Waiting longest = runnable for longest. This reads the queue's runnable range
+            # of the claim index (status, queue, ...), i.e. the backlog, not the history.
             Job.objects.filter(queue=queue, status=Job.Status.QUEUED, run_after__lte=now)
-            .order_by("id")
+            .order_by("run_after", "id")
             .values_list("id", "run_after")
             .first()
         )
