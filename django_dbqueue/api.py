@@ -57,7 +57,8 @@ _FIELDS = [f.attname for f in Job._meta.concrete_fields]
 _DEFAULTS = {f.attname: f.get_default() for f in Job._meta.concrete_fields}
 
 
-def _new_job(values: dict[str, Any]) -> Job:
+def new_job(values: dict[str, Any]) -> Job:
+    """An unsaved Job from field values (unvalidated: for code that built them itself)."""
     model: Any = Job  # positional construction is beyond what the type stubs describe
     return model(*[values[name] if name in values else _DEFAULTS[name] for name in _FIELDS])  # type: ignore[no-any-return]
 
@@ -161,7 +162,7 @@ def build_job(
         not isinstance(unique_key, str) or not 0 < len(unique_key) <= 255
     ):
         raise InvalidJob("unique_key must be a string of 1 to 255 characters.")
-    return _new_job(
+    return new_job(
         {
             "task": path,
             "args": _check_json(list(args), "args"),

@@ -15,7 +15,7 @@ from typing import Any
 from django.db import connections, router, transaction
 from django.utils import timezone
 
-from django_dbqueue.api import enqueue, enqueue_many
+from django_dbqueue.api import enqueue, enqueue_many, new_job
 from django_dbqueue.models import Job
 from django_dbqueue.supervisor import Supervisor
 from django_dbqueue.worker import Worker
@@ -125,19 +125,22 @@ def fill_history(rows: int, report: Callable[[str], None]) -> float:
     while done < rows:
         size = min(chunk, rows - done)
         batch = [
-            Job(
-                task="django_dbqueue.bench.noop",
-                status=Job.Status.DONE,
-                owner="bench-history",
-                created_at=now - timedelta(seconds=rows - done - i),
-                run_after=now,
-                finished_at=now,
-                attempts=1,
+            new_job(
+                {
+                    "task": "django_dbqueue.bench.noop",
+                    "status": Job.Status.DONE,
+                    "owner": "bench-history",
+                    "created_at": now - timedelta(seconds=rows - done - i),
+                    "run_after": now,
+                    "finished_at": now,
+                    "attempts": 1,
+                    "errors": [],
+                }
             )
             for i in range(size)
         ]
         with transaction.atomic(using=using):
-            Job.objects.using(using).bulk_create(batch)
+            Job.objects.db_manager(using).insert_many(batch)
         done += size
         if done % 100_000 == 0 or done == rows:
             report(f"  history: {done:,} finished rows inserted")
