@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import FrameType
 from typing import Any
@@ -31,19 +31,43 @@ def is_framework_task(obj: object) -> bool:
     return any((cls.__module__, cls.__qualname__) in TASK_CLASSES for cls in type(obj).__mro__)
 
 
+# Workers never reload code, so a path imports to the same callable for the life of the
+# process: look each one up once. Failures are not cached (the error is the answer).
+_resolved: dict[str, tuple[Callable[..., Any], bool]] = {}
+_RESOLVED_MAX = 10_000
+
+
+def lookup(path: str) -> tuple[Callable[..., Any], bool]:
+    """(callable, is a Django Tasks task) for a task path; raises TaskNotFound."""
+    try:
+        return _resolved[path]
+    except KeyError:
+        func = resolve(path)
+        entry = (func, is_framework_task(func))
+        if len(_resolved) < _RESOLVED_MAX:
+            _resolved[path] = entry
+        return entry
+
+
+# Results of these types are JSON as they are; anything else is checked by a round trip.
+_PLAIN = (type(None), bool, int, str)
+
+
 def call_job(job: Job) -> Any:
     """Import the job's task and call it with its arguments; return a JSON-ready result.
 
     A Django Tasks ``Task`` (an ``@task`` function) runs through the framework: its
     function gets a ``TaskContext`` when it takes one, and ``task_started`` is sent.
     """
-    func = resolve(job.task)
-    if is_framework_task(func):
+    func, is_task = lookup(job.task)
+    if is_task:
         from django_dbqueue.task_results import run_task
 
         result = run_task(func, job)
     else:
         result = func(*(job.args or []), **(job.kwargs or {}))
+    if type(result) in _PLAIN:
+        return result
     try:
         return json.loads(json.dumps(result, allow_nan=False))
     except (TypeError, ValueError) as exc:

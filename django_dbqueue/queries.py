@@ -12,7 +12,7 @@ import random
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from django.db import connections, models, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
@@ -58,6 +58,46 @@ def retry_delay(attempts: int, base: float | None = None) -> float:
     delay: float = min(float(settings.RETRY_BACKOFF_MAX), first * 2 ** max(attempts - 1, 0))
     jitter = float(settings.RETRY_JITTER)
     return max(0.0, delay * random.uniform(1 - jitter, 1 + jitter))
+
+
+class RowReader(NamedTuple):
+    columns: str  # quoted column list for the SELECT
+    names: list[str]  # attribute names, in the same order
+    converters: list[tuple[Any, list[Any]]]  # (column expression, converters) per column
+
+
+_READERS: dict[tuple[type[models.Model], str], RowReader] = {}
+
+
+def _row_reader(model: type[Job], conn: BaseDatabaseWrapper) -> RowReader:
+    """The column list and per-column converters for reading whole Job rows by hand.
+
+    The converters are Django's own (JSON text to data, naive MySQL and SQLite datetimes
+    to aware ones...), worked out once per connection instead of once per query.
+    """
+    key = (model, conn.alias)
+    if key not in _READERS:
+        fields = model._meta.concrete_fields
+        columns = ", ".join(conn.ops.quote_name(str(f.column)) for f in fields)
+        converters = []
+        for field in fields:
+            col = field.get_col(model._meta.db_table)
+            funcs = conn.ops.get_db_converters(col) + field.get_db_converters(conn)
+            converters.append((col, funcs))
+        _READERS[key] = RowReader(columns, [f.attname for f in fields], converters)
+    return _READERS[key]
+
+
+def _job_from_row(
+    model: type[Job], using: str, row: Sequence[Any], reader: RowReader, conn: BaseDatabaseWrapper
+) -> Job:
+    values = list(row)
+    for index, (col, funcs) in enumerate(reader.converters):
+        if funcs and values[index] is not None:
+            for func in funcs:
+                values[index] = func(values[index], col, conn)
+    # All concrete fields in order: from_db takes Model.__init__'s positional fast path.
+    return model.from_db(using, reader.names, values)
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -216,15 +256,26 @@ class JobManager(models.Manager["Job"]):
     ) -> list[Job]:
         if not candidates:
             return []
-        qs = self.get_queryset().using(using).filter(id__in=candidates, status=QUEUED)
-        if lock:
-            qs = qs.select_for_update(skip_locked=True)
-        rank = {job_id: index for index, job_id in enumerate(candidates)}
-        jobs = sorted(qs.order_by(), key=lambda job: rank[job.id])
-        if not jobs:
-            return []
         conn = connections[using]
         qn = conn.ops.quote_name
+        reader = _row_reader(self.model, conn)
+        sql = (
+            f"SELECT {reader.columns} FROM {qn(self.model._meta.db_table)} "  # noqa: S608
+            f"WHERE {qn('id')} IN ({', '.join(['%s'] * len(candidates))}) "
+            f"AND {qn('status')} = %s"
+        )
+        if lock:
+            sql += " FOR UPDATE SKIP LOCKED"
+        with conn.cursor() as cursor:
+            cursor.execute(sql, [*candidates, QUEUED])
+            rows = cursor.fetchall()
+        if not rows:
+            return []
+        rank = {job_id: index for index, job_id in enumerate(candidates)}
+        jobs = sorted(
+            (_job_from_row(self.model, using, row, reader, conn) for row in rows),
+            key=lambda job: rank[job.id],
+        )
         ids = [job.id for job in jobs]
         sql = (
             f"UPDATE {qn(self.model._meta.db_table)} SET {qn('status')} = %s, "  # noqa: S608

@@ -133,8 +133,16 @@ def run_task(target: object, job: Job) -> Any:
 
 
 def _send_finished(job: Job) -> None:
+    from django_dbqueue.execution import lookup
+
     try:
-        result = task_result_from_job(job)
+        target, is_task = lookup(job.task)
+    except TaskNotFound:
+        return
+    if not is_task:
+        return  # a plain function: the common case, decided without building anything
+    try:
+        result = task_result_from_job(job, task_of_job(job, target))
     except (TaskResultDoesNotExist, TaskNotFound):
         return  # a plain function, or a task that never imported: nothing to report
     except Exception:

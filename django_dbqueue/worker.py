@@ -106,6 +106,10 @@ class Worker:
         self.ignore_sigint = ignore_sigint
         self.parent_pid = parent_pid
         self.stats = Stats()
+        # Read once: these are consulted for every job.
+        self._job_timeout = settings.JOB_TIMEOUT
+        self._flush_interval = float(settings.FINISH_FLUSH_INTERVAL)
+        self._flush_size = int(settings.FINISH_BATCH_SIZE)
         self.stopping = threading.Event()
         self._running: Job | None = None
         self._unstarted: list[Job] = []
@@ -261,12 +265,22 @@ class Worker:
     def _process(self, job: Job) -> None:
         refresh_connections()
         job.started_at = timezone.now()
-        log = {"worker": self.name, "job_id": job.id, "task": job.task}
-        logger.debug("Job %s (%s) started", job.id, job.task, extra={"event": "job_started", **log})
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "Job %s (%s) started",
+                job.id,
+                job.task,
+                extra={
+                    "event": "job_started",
+                    "worker": self.name,
+                    "job_id": job.id,
+                    "task": job.task,
+                },
+            )
         signals.job_started.send(Job, job=job, worker=self.name)
         self._running = job
         try:
-            timeout = job.timeout or settings.JOB_TIMEOUT
+            timeout = job.timeout or self._job_timeout
             with time_limit(float(timeout) if timeout else None):
                 result = call_job(job)
         except RetryJob as exc:
@@ -378,8 +392,8 @@ class Worker:
         pending = self._pending_done
         if not pending:
             return
-        due = time.monotonic() - self._pending_since >= float(settings.FINISH_FLUSH_INTERVAL)
-        if not (force or due or len(pending) >= int(settings.FINISH_BATCH_SIZE)):
+        due = time.monotonic() - self._pending_since >= self._flush_interval
+        if not (force or due or len(pending) >= self._flush_size):
             return
         self._pending_done = []
         finished = self._retry_db(lambda: Job.objects.finish_done(self.name, pending))
