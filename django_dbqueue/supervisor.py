@@ -7,7 +7,7 @@ import multiprocessing
 import os
 import signal
 import sys
-import time
+from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from types import FrameType
 from typing import Any
@@ -110,7 +110,8 @@ class Supervisor:
             for slot in range(self.concurrency):
                 self._spawn(slot)
             while self._children:
-                time.sleep(0.2)
+                # Wakes as soon as a child exits (its sentinel), else every 0.2 s for progress.
+                wait([p.sentinel for p in self._children.values()], timeout=0.2)
                 for slot, process in list(self._children.items()):
                     if process.is_alive():
                         continue
