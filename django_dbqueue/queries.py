@@ -327,17 +327,28 @@ class JobManager(models.Manager["Job"]):
         table = qn(self.model._meta.db_table)
         new_ids: list[int] = []
         with conn.cursor() as cursor:
-            for start in range(0, len(rows), batch_size):
-                chunk = rows[start : start + batch_size]
-                sql = (
-                    f"INSERT INTO {table} ({columns}) VALUES "  # noqa: S608
-                    f"{', '.join([placeholder] * len(chunk))}"
-                )
-                if returning:
-                    sql += f" RETURNING {qn('id')}"
-                cursor.execute(sql, [value for row in chunk for value in row])
-                if returning:
-                    new_ids += [row[0] for row in cursor.fetchall()]
+            if conn.vendor == "postgresql":
+                # psycopg pipelines executemany(): one parsed statement, rows streamed.
+                # A many-row VALUES list would be re-parsed client-side per chunk.
+                sql = f"INSERT INTO {table} ({columns}) VALUES {placeholder} RETURNING {qn('id')}"  # noqa: S608
+                raw = cursor.cursor
+                raw.executemany(sql, rows, returning=True)
+                while True:
+                    new_ids.append(raw.fetchone()[0])
+                    if not raw.nextset():
+                        break
+            else:
+                for start in range(0, len(rows), batch_size):
+                    chunk = rows[start : start + batch_size]
+                    sql = (
+                        f"INSERT INTO {table} ({columns}) VALUES "  # noqa: S608
+                        f"{', '.join([placeholder] * len(chunk))}"
+                    )
+                    if returning:
+                        sql += f" RETURNING {qn('id')}"
+                    cursor.execute(sql, [value for row in chunk for value in row])
+                    if returning:
+                        new_ids += [row[0] for row in cursor.fetchall()]
         if returning:
             for job, new_id in zip(jobs, new_ids, strict=True):
                 job.id = new_id
