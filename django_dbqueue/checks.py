@@ -69,7 +69,11 @@ def check_lock_settings(**kwargs: Any) -> list[checks.CheckMessage]:
                 id="django_dbqueue.E101",
             )
         )
-    if backend not in BACKENDS and "." not in str(backend):
+    if backend is None:
+        # Chosen from the database when first used; a named_lock on a setup with no
+        # usable backend then says so. Nothing to hold against projects without locks.
+        pass
+    elif backend not in BACKENDS and "." not in str(backend):
         errors.append(
             checks.Error(
                 f"DBQUEUE['LOCK_BACKEND'] is {backend!r}, not a known lock backend.",

@@ -29,7 +29,9 @@ DEFAULTS: dict[str, Any] = {
     "FINISH_FLUSH_INTERVAL": 0.2,  # seconds a finished job may wait before its write
     "KEEP_ERRORS": 10,  # tracebacks of earlier attempts kept per job
     # Locks
-    "LOCK_BACKEND": "redis",
+    # None: the lock database's own kind (mysql: GET_LOCK, postgresql: advisory locks),
+    # else "redis". Set it to choose: "redis", "mysql", "postgres" or a BaseLock path.
+    "LOCK_BACKEND": None,
     "LOCK_REDIS_ALIAS": "default",  # django-redis cache alias used by the redis backend
     "LOCK_PREFIX": "dbqueue:lock:",
     "LOCK_DATABASE_ALIAS": "default",  # database alias used by the mysql and postgres backends

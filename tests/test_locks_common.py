@@ -276,3 +276,17 @@ def test_checks_and_backends_refuse_a_database_of_another_vendor(backend: str) -
     with pytest.raises(ValueError, match=f"The {other} lock backend needs"):
         with named_lock("x", backend=other):
             pass
+
+
+def test_default_lock_backend_follows_the_database() -> None:
+    from django.conf import settings
+    from django.db import connection
+
+    from django_dbqueue.locks.named import default_backend_name
+
+    with override_settings(DBQUEUE={**settings.DBQUEUE, "LOCK_BACKEND": None}):
+        expected = {"mysql": "mysql", "postgresql": "postgres"}.get(connection.vendor, "redis")
+        assert default_backend_name() == expected
+        assert check_lock_settings() == [], "an unset backend is never held against a project"
+    with override_settings(DBQUEUE={**settings.DBQUEUE, "LOCK_BACKEND": "redis"}):
+        assert default_backend_name() == "redis"

@@ -154,8 +154,10 @@ def test_checks_report_a_lock_configuration_that_cannot_work(
             return [message.id or "" for message in check_lock_settings()]
 
     assert ids() == []
-    assert ids(LOCK_REDIS_ALIAS="nope") == ["django_dbqueue.E105"]
-    assert ids(LOCK_REDIS_ALIAS="default") == ["django_dbqueue.E105"]  # a LocMemCache
+    assert ids(LOCK_BACKEND="redis", LOCK_REDIS_ALIAS="nope") == ["django_dbqueue.E105"]
+    assert ids(LOCK_BACKEND="redis", LOCK_REDIS_ALIAS="default") == [
+        "django_dbqueue.E105"
+    ]  # a LocMemCache
     assert ids(LOCK_BACKEND="mysql") == ["django_dbqueue.E103"]  # this run is SQLite
     assert ids(LOCK_BACKEND="postgres") == ["django_dbqueue.E103"]
     assert ids(LOCK_BACKEND="zookeeper") == ["django_dbqueue.E102"]
@@ -165,6 +167,7 @@ def test_checks_report_a_lock_configuration_that_cannot_work(
         "sessions": {**settings.CACHES["redis"]},
     }
     with override_settings(CACHES=shared_cache):
-        assert [m.id for m in check_lock_settings()] == ["django_dbqueue.W101"]
+        assert ids(LOCK_BACKEND="redis") == ["django_dbqueue.W101"]
     monkeypatch.setitem(sys.modules, "django_redis", None)  # as if not installed
-    assert ids() == ["django_dbqueue.E104"]
+    assert ids(LOCK_BACKEND="redis") == ["django_dbqueue.E104"]
+    assert ids() == [], "no backend chosen, none used: nothing to report"

@@ -10,8 +10,8 @@ from __future__ import annotations
 from django.db import router, transaction
 from django.db.models import Case, F, Q, Value, When
 
-from django_dbqueue.conf import settings
 from django_dbqueue.locks.base import short_name
+from django_dbqueue.locks.named import default_backend_name
 
 BIGINT_MIN = -(2**63)
 BIGINT_MAX = 2**63 - 1
@@ -27,7 +27,7 @@ def next_counter_value(
 ) -> int:
     """Advance counter ``name`` and return its new value; after ``max_value`` comes
     ``min_value`` again. ``backend`` is "redis" or "database" (default: "redis" when
-    ``LOCK_BACKEND`` is "redis", else "database"); ``using`` is the cache or database
+    the default lock backend is "redis", else "database"); ``using`` is the cache or database
     alias. Inside a caller's transaction the database counter row stays locked (and the
     value may roll back) until that transaction ends."""
     if not isinstance(name, str) or not name:
@@ -38,7 +38,7 @@ def next_counter_value(
         raise ValueError(
             f"Need -2**63 < min_value <= max_value < 2**63, got [{min_value}, {max_value}]."
         )
-    kind = backend or ("redis" if settings.LOCK_BACKEND == "redis" else "database")
+    kind = backend or ("redis" if default_backend_name() == "redis" else "database")
     if kind == "redis":
         from django_dbqueue.locks.redis import redis_counter_next
 

@@ -37,10 +37,20 @@ BACKENDS = {
 RELEASE_MODES = ("warn", "raise", "ignore")
 
 
+def default_backend_name() -> str:
+    """``DBQUEUE['LOCK_BACKEND']``, or when unset the lock database's own lock kind
+    (GET_LOCK on MySQL/MariaDB, advisory locks on PostgreSQL), else Redis."""
+    configured = settings.LOCK_BACKEND
+    if configured:
+        return str(configured)
+    vendor = connections[settings.LOCK_DATABASE_ALIAS].vendor
+    return {"mysql": "mysql", "postgresql": "postgres"}.get(vendor, "redis")
+
+
 def get_backend(name: str | None = None) -> type[BaseLock]:
     """The lock class for a backend name (default ``DBQUEUE['LOCK_BACKEND']``) or a
     dotted path to a :class:`BaseLock` subclass."""
-    backend = name or settings.LOCK_BACKEND
+    backend = name or default_backend_name()
     if backend not in BACKENDS and "." not in str(backend):
         raise ValueError(
             f"Unknown lock backend {backend!r}: use one of {', '.join(BACKENDS)} or the "
