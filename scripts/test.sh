@@ -57,6 +57,23 @@ say "makemigrations --check"
 DBQUEUE_DB=sqlite "$PY" manage.py makemigrations --check --dry-run || status=1
 if [[ $LINT_ONLY == 1 ]]; then exit $status; fi
 
+# The README's first command, in a virtualenv of its own with no extras installed, as a
+# user on a fresh clone would run it.
+say "make demo (SQLite, base install only)"
+if demo_out=$(make demo VENV=.venv-demo 2>&1); then
+    if ! grep -q "Finished: 5000 done, 1 failed" <<<"$demo_out"; then
+        printf '%s\n' "$demo_out" | tail -20
+        loud "make demo ran but did not report 5000 done and 1 failed"
+        status=1
+    else
+        grep "Finished:" <<<"$demo_out"
+    fi
+else
+    printf '%s\n' "$demo_out" | tail -20
+    loud "make demo failed"
+    status=1
+fi
+
 server_up() {
     case "$1" in
         sqlite) return 0 ;;
