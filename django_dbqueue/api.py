@@ -200,11 +200,7 @@ def enqueue(
     unique_key. With ``unique_key`` set and a job of that key still waiting or running,
     that job is returned instead of a new one.
     """
-    job, created = save_job(build_job(task, args, kwargs, **options))
-    if created:
-        transaction.on_commit(
-            lambda: signals.jobs_enqueued.send(Job, jobs=[job]), using=router.db_for_write(Job)
-        )
+    job, _created = save_job(build_job(task, args, kwargs, **options))
     return job
 
 
@@ -212,9 +208,17 @@ def save_job(job: Job) -> tuple[Job, bool]:
     """Insert a job built by :func:`build_job`; returns (job, created).
 
     With a ``unique_key`` that a waiting or running job holds, nothing is inserted and
-    that job is returned with ``created=False``.
+    that job is returned with ``created=False``. A created job's ``jobs_enqueued`` is
+    sent when the surrounding transaction commits.
     """
     using = router.db_for_write(Job)
+    saved, created = _insert(job, using)
+    if created:
+        transaction.on_commit(lambda: signals.jobs_enqueued.send(Job, jobs=[saved]), using=using)
+    return saved, created
+
+
+def _insert(job: Job, using: str) -> tuple[Job, bool]:
     if job.unique_key is None:
         job.save(using=using, force_insert=True)
         return job, True

@@ -173,7 +173,6 @@ class DBQueueBackend(BaseTaskBackend):
         ``task_enqueued`` is sent on commit too, and not at all for a ``unique_key``
         that is already taken (the existing job's result is returned then).
         """
-        from django_dbqueue import signals
         from django_dbqueue.api import save_job
         from django_dbqueue.models import Job
         from django_dbqueue.task_results import task_result_from_job
@@ -188,11 +187,11 @@ class DBQueueBackend(BaseTaskBackend):
         if created:
             sender = type(self)
 
-            def on_commit() -> None:
-                signals.jobs_enqueued.send(Job, jobs=[job])
-                task_enqueued.send(sender, task_result=result)
-
-            transaction.on_commit(on_commit, using=router.db_for_write(Job))
+            # After save_job()'s own on-commit jobs_enqueued: callbacks run in order.
+            transaction.on_commit(
+                lambda: task_enqueued.send(sender, task_result=result),
+                using=router.db_for_write(Job),
+            )
         return result
 
     def get_result(self, result_id: str) -> TaskResult[..., Any]:

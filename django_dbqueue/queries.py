@@ -60,6 +60,11 @@ def retry_delay(attempts: int, base: float | None = None) -> float:
     return max(0.0, delay * random.uniform(1 - jitter, 1 + jitter))
 
 
+def _placeholders(count: int) -> str:
+    """``%s, %s, ...``: the driver fills in the values; only the count is formatted in."""
+    return ", ".join(["%s"] * count)
+
+
 class RowReader(NamedTuple):
     columns: str  # quoted column list for the SELECT
     names: list[str]  # attribute names, in the same order
@@ -261,7 +266,7 @@ class JobManager(models.Manager["Job"]):
         reader = _row_reader(self.model, conn)
         sql = (
             f"SELECT {reader.columns} FROM {qn(self.model._meta.db_table)} "  # noqa: S608
-            f"WHERE {qn('id')} IN ({', '.join(['%s'] * len(candidates))}) "
+            f"WHERE {qn('id')} IN ({_placeholders(len(candidates))}) "
             f"AND {qn('status')} = %s"
         )
         if lock:
@@ -281,7 +286,7 @@ class JobManager(models.Manager["Job"]):
             f"UPDATE {qn(self.model._meta.db_table)} SET {qn('status')} = %s, "  # noqa: S608
             f"{qn('owner')} = %s, {qn('owner_date')} = %s, "
             f"{qn('attempts')} = {qn('attempts')} + 1 "
-            f"WHERE {qn('id')} IN ({', '.join(['%s'] * len(ids))})"
+            f"WHERE {qn('id')} IN ({_placeholders(len(ids))})"
         )
         owner_date = self.model._meta.get_field("owner_date").get_db_prep_value(now, conn)
         with conn.cursor() as cursor:
@@ -323,7 +328,7 @@ class JobManager(models.Manager["Job"]):
                     prepared = memo[index][key] = field.get_db_prep_save(value, conn)
                 row.append(prepared)
             rows.append(row)
-        placeholder = f"({', '.join(['%s'] * len(fields))})"
+        placeholder = f"({_placeholders(len(fields))})"
         table = qn(self.model._meta.db_table)
         new_ids: list[int] = []
         with conn.cursor() as cursor:
@@ -396,7 +401,7 @@ class JobManager(models.Manager["Job"]):
         # goes through the driver's parameters.
         sql = (
             f"UPDATE {qn(meta.db_table)} SET {', '.join(assignments)} "  # noqa: S608
-            f"WHERE {qn('id')} IN ({', '.join(['%s'] * len(ids))}) "
+            f"WHERE {qn('id')} IN ({_placeholders(len(ids))}) "
             f"AND {qn('status')} = %s AND {qn('owner')} = %s"
         )
         with conn.cursor() as cursor:

@@ -120,7 +120,6 @@ class RedisListener:
 
     def wait(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        woke = False
         while (left := deadline - time.monotonic()) > 0:
             message = self.pubsub.get_message(timeout=left)
             if message is None:
@@ -128,12 +127,11 @@ class RedisListener:
             data = message["data"]
             text = data.decode() if isinstance(data, bytes) else str(data)
             if self.queues & set(text.split(",")):
-                woke = True
-                # Drain what else is waiting, without blocking.
+                # Swallow the backlog too: one claim serves them all.
                 while self.pubsub.get_message(timeout=0) is not None:
                     pass
-                break
-        return woke
+                return True
+        return False
 
     def close(self) -> None:
         self.pubsub.close()

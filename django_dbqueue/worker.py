@@ -144,7 +144,7 @@ class Worker:
             "Worker %s: %s received, finishing the current job then exiting",
             self.name,
             name,
-            extra={"event": "worker_stopping", "worker": self.name},
+            extra=self._extra("worker_stopping"),
         )
         self.stop()
 
@@ -191,7 +191,7 @@ class Worker:
                     self.name,
                     exc,
                     backoff(failures),
-                    extra={"event": "db_error", "worker": self.name},
+                    extra=self._extra("db_error"),
                 )
                 refresh_connections()
                 self.stopping.wait(backoff(failures))
@@ -229,7 +229,7 @@ class Worker:
                 "Worker %s: wake-up listener failed (%s); polling for now",
                 self.name,
                 exc,
-                extra={"event": "wakeup_error", "worker": self.name},
+                extra=self._extra("wakeup_error"),
             )
             self._close_listener()
 
@@ -267,43 +267,42 @@ class Worker:
         job.started_at = timezone.now()
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
-                "Job %s (%s) started",
-                job.id,
-                job.task,
-                extra={
-                    "event": "job_started",
-                    "worker": self.name,
-                    "job_id": job.id,
-                    "task": job.task,
-                },
+                "Job %s (%s) started", job.id, job.task, extra=self._extra("job_started", job)
             )
         signals.job_started.send(Job, job=job, worker=self.name)
+        error: BaseException | None = None
         self._running = job
         try:
             timeout = job.timeout or self._job_timeout
             with time_limit(float(timeout) if timeout else None):
                 result = call_job(job)
-        except RetryJob as exc:
-            self._running = None
-            self._retry_later(job, exc)
-            return
-        except JobCancelled as exc:
-            self._running = None
-            self._finish_cancelled(job, str(exc))
-            return
-        except (Exception, JobTimeout, WorkerShutdown) as exc:
-            self._running = None
-            self._record_failure(job, exc)
-            if isinstance(exc, WorkerShutdown):
-                self.stopping.set()
-            return
+        except (Exception, JobTimeout, WorkerShutdown, JobCancelled) as exc:
+            error = exc
         finally:
+            # Before any recording write: a second signal from here on must not raise
+            # WorkerShutdown into the worker's own bookkeeping.
             self._running = None
-        job.result = result
-        self._pending_done.append(job)
-        if len(self._pending_done) == 1:
-            self._pending_since = time.monotonic()
-        self._flush()
+        if error is None:
+            job.result = result
+            self._pending_done.append(job)
+            if len(self._pending_done) == 1:
+                self._pending_since = time.monotonic()
+            self._flush()
+        elif isinstance(error, RetryJob):
+            self._retry_later(job, error)
+        elif isinstance(error, JobCancelled):
+            self._finish_cancelled(job, str(error))
+        else:
+            self._record_failure(job, error)
+            if isinstance(error, WorkerShutdown):
+                self.stopping.set()
+
+    def _extra(self, event: str, job: Job | None = None) -> dict[str, Any]:
+        """Structured fields for a log record (``logging``'s ``extra``)."""
+        fields: dict[str, Any] = {"event": event, "worker": self.name}
+        if job is not None:
+            fields.update(job_id=job.id, task=job.task, attempt=job.attempts)
+        return fields
 
     def _release(self, *ids: int) -> None:
         with self._held_lock:
@@ -317,13 +316,12 @@ class Worker:
             lambda: Job.objects.finish_failed_attempt(self.name, job, text, error_class)
         )
         self._release(job.id)
-        log = {"worker": self.name, "job_id": job.id, "task": job.task, "attempt": job.attempts}
         if status is None:
             logger.warning(
                 "Job %s: another worker took it over (lease expired); this "
                 "worker's failure is not recorded",
                 job.id,
-                extra={"event": "lease_lost", **log},
+                extra=self._extra("lease_lost", job),
             )
             return
         will_retry = status == Job.Status.QUEUED
@@ -337,7 +335,7 @@ class Worker:
                 job.max_attempts,
                 job.run_after.isoformat(),
                 exc,
-                extra={"event": "job_retry", **log},
+                extra=self._extra("job_retry", job),
             )
         else:
             self.stats.failed += 1
@@ -347,7 +345,7 @@ class Worker:
                 job.task,
                 job.attempts,
                 exc,
-                extra={"event": "job_failed", **log},
+                extra=self._extra("job_failed", job),
             )
         signals.job_failed.send(
             Job, job=job, worker=self.name, exception=exc, will_retry=will_retry
@@ -364,12 +362,7 @@ class Worker:
                 job.task,
                 exc.delay,
                 exc,
-                extra={
-                    "event": "job_deferred",
-                    "job_id": job.id,
-                    "task": job.task,
-                    "worker": self.name,
-                },
+                extra=self._extra("job_deferred", job),
             )
 
     def _finish_cancelled(self, job: Job, reason: str) -> None:
@@ -380,12 +373,7 @@ class Worker:
             job.id,
             job.task,
             reason,
-            extra={
-                "event": "job_cancelled",
-                "job_id": job.id,
-                "task": job.task,
-                "worker": self.name,
-            },
+            extra=self._extra("job_cancelled", job),
         )
 
     def _flush(self, force: bool = False) -> None:
@@ -407,7 +395,7 @@ class Worker:
                     "Job %s finished, but another worker took it over meanwhile "
                     "(lease expired); not recorded twice",
                     job.id,
-                    extra={"event": "lease_lost", "job_id": job.id, "worker": self.name},
+                    extra=self._extra("lease_lost", job),
                 )
         self._progress()
 
@@ -431,7 +419,7 @@ class Worker:
                     self.name,
                     exc,
                     backoff(failures),
-                    extra={"event": "db_error", "worker": self.name},
+                    extra=self._extra("db_error"),
                 )
                 refresh_connections()
                 time.sleep(backoff(failures))
@@ -451,7 +439,7 @@ class Worker:
             "Worker %s started on queues %s",
             self.name,
             ", ".join(self.queues),
-            extra={"event": "worker_started", "worker": self.name},
+            extra=self._extra("worker_started"),
         )
 
     def _start_heartbeat(self) -> None:
@@ -493,7 +481,7 @@ class Worker:
                     requeued + failed,
                     requeued,
                     failed,
-                    extra={"event": "jobs_recovered", "worker": self.name},
+                    extra=self._extra("jobs_recovered"),
                 )
             WorkerRow.objects.filter(heartbeat_at__lt=now - DEAD_WORKER_ROW_TTL).delete()
         except TRANSIENT_ERRORS as exc:
@@ -501,7 +489,7 @@ class Worker:
                 "Worker %s: heartbeat failed (%s); will retry",
                 self.name,
                 exc,
-                extra={"event": "db_error", "worker": self.name},
+                extra=self._extra("db_error"),
             )
             refresh_connections()
 
@@ -531,7 +519,7 @@ class Worker:
                     "Worker %s: gave back %s unstarted job(s)",
                     self.name,
                     given,
-                    extra={"event": "jobs_given_back", "worker": self.name},
+                    extra=self._extra("jobs_given_back"),
                 )
             self._unstarted = []
             self._retry_db(lambda: WorkerRow.objects.filter(name=self.name).delete())
