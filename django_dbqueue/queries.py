@@ -386,8 +386,13 @@ class JobManager(models.Manager["Job"]):
             f"{qn('status')} = %s",
             f"{qn('finished_at')} = %s",
             f"{qn('unique_key')} = NULL",
+            f"{qn('cancel_requested')} = %s",
         ]
-        params: list[Any] = [DONE, meta.get_field("finished_at").get_db_prep_value(now, conn)]
+        params: list[Any] = [
+            DONE,
+            meta.get_field("finished_at").get_db_prep_value(now, conn),
+            meta.get_field("cancel_requested").get_db_prep_value(False, conn),
+        ]
         for name in ("started_at", "result"):
             field = cast(models.Field[Any, Any], meta.get_field(name))
             rows = [(j.id, getattr(j, name)) for j in jobs if getattr(j, name) is not None]
@@ -420,6 +425,7 @@ class JobManager(models.Manager["Job"]):
         for job in jobs:
             if job.id in finished:
                 job.status, job.finished_at, job.unique_key = DONE, now, None
+                job.cancel_requested = False
         return finished
 
     def finish_failed_attempt(

@@ -93,3 +93,13 @@ def test_job_enqueued_in_open_transaction_is_invisible_until_commit() -> None:
     assert all(t < committed_at + 0.5 for t in empty_polls)
     if connection.vendor != "sqlite":
         assert empty_polls, "the worker should have polled while the transaction was open"
+
+
+@pytest.mark.django_db
+def test_finishing_clears_a_cancel_request_that_came_too_late() -> None:
+    job = enqueue(jobs.noop)
+    [claimed] = Job.objects.claim("w1", batch_size=1)
+    Job.objects.filter(pk=job.pk).update(cancel_requested=True)
+    assert Job.objects.finish_done("w1", [claimed]) == {job.pk}
+    stored = Job.objects.get(pk=job.pk)
+    assert (stored.status, stored.cancel_requested) == (Job.Status.DONE, False)
