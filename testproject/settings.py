@@ -58,6 +58,8 @@ STATIC_URL = "static/"
 
 DB_VENDOR = os.environ.get("DBQUEUE_DB", "sqlite")
 DB_NAME = os.environ.get("DBQUEUE_DB_NAME", "")
+# Lets two test runs share one server (parallel checkouts): each names its test database.
+TEST_DB_NAME = os.environ.get("DBQUEUE_TEST_DB_NAME") or None
 
 if DB_VENDOR == "sqlite":
     sqlite_path = DB_NAME or str(BASE_DIR / "demo.sqlite3")
@@ -84,7 +86,11 @@ elif DB_VENDOR == "mysql":
             "HOST": os.environ.get("MYSQL_HOST", "127.0.0.1"),
             "PORT": os.environ.get("MYSQL_PORT", "3306"),
             "OPTIONS": {"charset": "utf8mb4"},
-            "TEST": {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"},
+            "TEST": {
+                "CHARSET": "utf8mb4",
+                "COLLATION": "utf8mb4_unicode_ci",
+                "NAME": TEST_DB_NAME,
+            },
         }
     }
 elif DB_VENDOR == "postgres":
@@ -96,6 +102,7 @@ elif DB_VENDOR == "postgres":
             "PASSWORD": os.environ.get("PGPASSWORD", ""),
             "HOST": os.environ.get("PGHOST", "127.0.0.1"),
             "PORT": os.environ.get("PGPORT", "5432"),
+            "TEST": {"NAME": TEST_DB_NAME},
         }
     }
 else:
