@@ -12,15 +12,15 @@ __version__ = "0.1.0"
 
 
 def enqueue(task: Any, args: Any = None, kwargs: Any = None, **options: Any) -> Job:
-    """Add one job to the queue; see :func:`django_dbqueue.api.enqueue`."""
+    """Add one job to the queue; see :func:`django_dbqueue.enqueueing.enqueue`."""
     # Imported lazily: the package must be importable before the app registry is ready.
-    from django_dbqueue.api import enqueue as _enqueue
+    from django_dbqueue.enqueueing import enqueue as _enqueue
 
     return _enqueue(task, args, kwargs, **options)
 
 
 def enqueue_many(jobs: Any, /, **options: Any) -> list[Job]:
-    """Add many jobs in one batch; see :func:`django_dbqueue.api.enqueue_many`."""
-    from django_dbqueue.api import enqueue_many as _enqueue_many
+    """Add many jobs in one batch; see :func:`django_dbqueue.enqueueing.enqueue_many`."""
+    from django_dbqueue.enqueueing import enqueue_many as _enqueue_many
 
     return _enqueue_many(jobs, **options)

@@ -1,3 +1,5 @@
+"""The app's configuration: system checks and signal receivers are wired in ready()."""
+
 from django.apps import AppConfig
 
 
@@ -7,5 +9,10 @@ class DBQueueConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Imported for their side effects: system checks and the wake-up signal receiver.
-        from django_dbqueue import checks, wakeup  # noqa: F401
+        from django_dbqueue import checks, signals, tasks
+        from django_dbqueue.worker import wakeup
+
+        checks.register()
+        signals.jobs_enqueued.connect(wakeup.on_jobs_enqueued, dispatch_uid="django_dbqueue.wakeup")
+        if tasks.framework_available():
+            tasks.connect_signals()

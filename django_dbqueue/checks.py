@@ -9,7 +9,6 @@ from django.core import checks
 from django_dbqueue.conf import settings
 
 
-@checks.register("django_dbqueue")
 def check_queue_settings(**kwargs: Any) -> list[checks.CheckMessage]:
     errors: list[checks.CheckMessage] = []
     queues = settings.QUEUES
@@ -51,7 +50,6 @@ REDIS_CACHE_BACKEND = "django_redis.cache.RedisCache"
 DATABASE_LOCK_VENDORS = {"mysql": "mysql", "postgres": "postgresql"}
 
 
-@checks.register("django_dbqueue")
 def check_lock_settings(**kwargs: Any) -> list[checks.CheckMessage]:
     """The configured lock backend must be able to work with the configured servers."""
     from django.conf import settings as django_settings
@@ -141,3 +139,9 @@ def check_redis_alias(caches: dict[str, Any], alias: str) -> list[checks.CheckMe
             )
         ]
     return []
+
+
+def register() -> None:
+    """Register the checks (AppConfig.ready() calls this once)."""
+    checks.register(check_queue_settings, "django_dbqueue")
+    checks.register(check_lock_settings, "django_dbqueue")

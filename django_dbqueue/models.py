@@ -1,3 +1,5 @@
+"""The tables: jobs, the worker processes that run them, and counters for the locks."""
+
 from __future__ import annotations
 
 from typing import Any, ClassVar
@@ -5,20 +7,15 @@ from typing import Any, ClassVar
 from django.db import models
 from django.utils import timezone
 
-from django_dbqueue.queries import JobManager
+from django_dbqueue.queue.manager import JobManager
+from django_dbqueue.status import FINISHED, JobStatus
 
 
 class Job(models.Model):
     """One unit of work: a row is enqueued, claimed by a worker, run and finished."""
 
-    class Status(models.TextChoices):
-        QUEUED = "queued", "Queued"
-        CLAIMED = "claimed", "Claimed"
-        DONE = "done", "Done"
-        FAILED = "failed", "Failed"
-        CANCELLED = "cancelled", "Cancelled"
-
-    FINISHED: ClassVar[tuple[str, ...]] = (Status.DONE, Status.FAILED, Status.CANCELLED)
+    Status = JobStatus
+    FINISHED: ClassVar[tuple[str, ...]] = FINISHED
 
     id = models.BigAutoField(primary_key=True)
     queue = models.CharField(max_length=64, default="default")
@@ -93,8 +90,8 @@ class Job(models.Model):
         return self.task, list(self.args or []), dict(self.kwargs or {})
 
 
-class Worker(models.Model):
-    """A running worker process; it renews ``heartbeat_at`` while alive."""
+class WorkerProcess(models.Model):
+    """A running worker process (``run_jobs``); it renews ``heartbeat_at`` while alive."""
 
     name = models.CharField(max_length=255, unique=True)
     host = models.CharField(max_length=255)

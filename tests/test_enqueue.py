@@ -7,10 +7,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from django_dbqueue import enqueue, enqueue_many
-from django_dbqueue.api import JobSpec
+from django_dbqueue.enqueueing import JobSpec
 from django_dbqueue.exceptions import InvalidJob, TaskNotFound
 from django_dbqueue.models import Job
-from tests import jobs
+from tests.support import jobs
 
 pytestmark = pytest.mark.django_db
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.django_db
 def test_enqueue_callable_stores_path_and_arguments() -> None:
     job = enqueue(jobs.add, [1, 2], queue="emails", priority=5)
     stored = Job.objects.get(pk=job.pk)
-    assert stored.task == "tests.jobs.add"
+    assert stored.task == "tests.support.jobs.add"
     assert stored.args == [1, 2]
     assert stored.kwargs == {}
     assert stored.queue == "emails"
@@ -29,8 +29,8 @@ def test_enqueue_callable_stores_path_and_arguments() -> None:
 
 
 def test_enqueue_dotted_path_and_static_method() -> None:
-    job = enqueue("tests.jobs.Tasks.static_add", args=(1, 2), kwargs={})
-    assert job.task == "tests.jobs.Tasks.static_add"
+    job = enqueue("tests.support.jobs.Tasks.static_add", args=(1, 2), kwargs={})
+    assert job.task == "tests.support.jobs.Tasks.static_add"
     assert Job.objects.get(pk=job.pk).args == [1, 2]
 
 
@@ -62,7 +62,7 @@ def test_run_after_accepts_delay_and_datetime() -> None:
         (lambda: enqueue(jobs.noop, run_after="tomorrow"), "run_after"),
         (lambda: enqueue(jobs.noop, timeout=-5), "timeout"),
         (lambda: enqueue(jobs.add, "12"), "args must be a list"),
-        (lambda: enqueue("tests.jobs.does_not_exist"), "has no 'does_not_exist'"),
+        (lambda: enqueue("tests.support.jobs.does_not_exist"), "has no 'does_not_exist'"),
         (lambda: enqueue("nosuchmodule.task"), "not found"),
         (lambda: enqueue("not a path"), "dotted path"),
     ],
@@ -82,7 +82,7 @@ def _nested() -> object:
 
 def test_unknown_task_path_is_a_task_not_found() -> None:
     with pytest.raises(TaskNotFound):
-        enqueue("tests.jobs.missing")
+        enqueue("tests.support.jobs.missing")
 
 
 def test_validation_of_paths_can_be_turned_off(settings: object) -> None:

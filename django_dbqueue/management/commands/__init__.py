@@ -1,0 +1,1 @@
+"""Management commands: thin shells over the worker, queue and scheduling rooms."""

@@ -1,3 +1,5 @@
+"""``manage.py dbqueue_bench``: the queue's own benchmark (:mod:`django_dbqueue.worker.bench`)."""
+
 from __future__ import annotations
 
 import json
@@ -6,9 +8,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import router
 
-from django_dbqueue import bench
 from django_dbqueue.management.commands.run_jobs import positive_int
 from django_dbqueue.models import Job
+from django_dbqueue.worker import bench
 
 PARTS = ("enqueue", "drain", "latency", "history")
 
@@ -88,7 +90,7 @@ class Command(BaseCommand):
         vendor = connections[router.db_for_write(Job)].vendor
         results = bench.Results(vendor=vendor, workers=options["workers"])
         fig = results.figures
-        from django_dbqueue import wakeup
+        from django_dbqueue.worker import wakeup
 
         results.notes["wakeup"] = wakeup.method()
         say(

@@ -1,3 +1,5 @@
+"""``manage.py run_jobs``: the worker command, a thin shell over :mod:`django_dbqueue.worker`."""
+
 from __future__ import annotations
 
 import argparse
@@ -7,9 +9,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_dbqueue.conf import settings
-from django_dbqueue.progress import Progress
-from django_dbqueue.supervisor import Supervisor
-from django_dbqueue.worker import Worker
+from django_dbqueue.worker.loop import Worker
+from django_dbqueue.worker.progress import Progress
+from django_dbqueue.worker.supervisor import Supervisor
 
 
 def positive_int(value: str) -> int:

@@ -1,0 +1,172 @@
+"""QUEUED -> CLAIMED: find the next runnable jobs and take them for one worker."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils import timezone
+
+from django_dbqueue.queue.dialects import has_locking_reads, placeholders, write_transaction
+from django_dbqueue.status import CLAIMED, QUEUED
+
+if TYPE_CHECKING:
+    from django_dbqueue.models import Job
+
+CLAIM_ORDER = ("-priority", "run_after", "id")
+
+
+class RowReader(NamedTuple):
+    columns: str  # quoted column list for the SELECT
+    names: list[str]  # attribute names, in the same order
+    converters: list[tuple[Any, list[Any]]]  # (column expression, converters) per column
+
+
+_READERS: dict[tuple[type[Any], str], RowReader] = {}
+
+
+def _row_reader(model: type[Job], conn: BaseDatabaseWrapper) -> RowReader:
+    """The column list and per-column converters for reading whole Job rows by hand.
+
+    The converters are Django's own (JSON text to data, naive MySQL and SQLite datetimes
+    to aware ones...), worked out once per connection instead of once per query.
+    """
+    key = (model, conn.alias)
+    if key not in _READERS:
+        fields = model._meta.concrete_fields
+        columns = ", ".join(conn.ops.quote_name(str(f.column)) for f in fields)
+        converters = []
+        for field in fields:
+            col = field.get_col(model._meta.db_table)
+            funcs = conn.ops.get_db_converters(col) + field.get_db_converters(conn)
+            converters.append((col, funcs))
+        _READERS[key] = RowReader(columns, [f.attname for f in fields], converters)
+    return _READERS[key]
+
+
+def _job_from_row(
+    model: type[Job], using: str, row: Sequence[Any], reader: RowReader, conn: BaseDatabaseWrapper
+) -> Job:
+    values = list(row)
+    for index, (col, funcs) in enumerate(reader.converters):
+        if funcs and values[index] is not None:
+            for func in funcs:
+                values[index] = func(values[index], col, conn)
+    # All concrete fields in order: from_db takes Model.__init__'s positional fast path.
+    return model.from_db(using, reader.names, values)
+
+
+def claim(
+    model: type[Job], using: str, owner: str, batch_size: int, queues: Sequence[str]
+) -> list[Job]:
+    """Claim up to ``batch_size`` runnable jobs of ``queues`` for ``owner``.
+
+    1. read candidate ids: a plain read that walks the claim index in order,
+    2. in one short transaction, lock those ids skipping rows another claimer holds
+       (re-checking the status), 3. one UPDATE by primary key, 4. COMMIT.
+    Without locking reads (SQLite) all of it runs in one IMMEDIATE transaction instead.
+    Attempts are counted here, so a job that kills its worker still uses one up.
+    """
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    conn = connections[using]
+    queue_list = list(queues)
+    locking = has_locking_reads(conn)
+    for _ in range(3):
+        now = timezone.now()
+        if not locking:
+            with write_transaction(using):
+                candidates = _candidate_ids(model, conn, queue_list, now, batch_size)
+                jobs = _lock_and_mark(model, using, candidates, owner, now, lock=False)
+            if jobs or not candidates:
+                return jobs
+            continue
+        candidates = _candidate_ids(model, conn, queue_list, now, batch_size)
+        if not candidates:
+            return []
+        with write_transaction(using):
+            jobs = _lock_and_mark(model, using, candidates, owner, now, lock=True)
+        if jobs:
+            return jobs
+        # Every candidate was taken by another claimer between our read and our lock:
+        # read again at once, the queue is evidently busy.
+    return []
+
+
+def _candidate_ids(
+    model: type[Job], conn: BaseDatabaseWrapper, queues: list[str], now: datetime, limit: int
+) -> list[int]:
+    """Ids of the next runnable jobs, best first, each queue read along the claim index.
+
+    ``queue IN (a, b)`` would make the database sort every queued row of those
+    queues; one index range per queue, each stopping after ``limit`` rows, and a
+    merge of at most ``limit * len(queues)`` rows keeps the cost flat.
+    """
+    qn = conn.ops.quote_name
+    table = qn(model._meta.db_table)
+    when = model._meta.get_field("run_after").get_db_prep_value(now, conn)
+    order = f"{qn('priority')} DESC, {qn('run_after')}, {qn('id')}"
+    one = (
+        f"SELECT {qn('id')}, {qn('priority')}, {qn('run_after')} FROM {table} "  # noqa: S608
+        f"WHERE {qn('status')} = %s AND {qn('queue')} = %s AND {qn('run_after')} <= %s "
+        f"ORDER BY {order} LIMIT %s"
+    )
+    params: list[Any] = []
+    for queue in queues:
+        params += [QUEUED, queue, when, limit]
+    if len(queues) == 1:
+        sql = one
+    else:
+        parts = " UNION ALL ".join(
+            f"SELECT * FROM ({one}) AS q{i}"  # noqa: S608
+            for i in range(len(queues))
+        )
+        sql = f"SELECT * FROM ({parts}) AS c ORDER BY {order} LIMIT %s"  # noqa: S608
+        params.append(limit)
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _lock_and_mark(
+    model: type[Job], using: str, candidates: list[int], owner: str, now: datetime, lock: bool
+) -> list[Job]:
+    if not candidates:
+        return []
+    conn = connections[using]
+    qn = conn.ops.quote_name
+    reader = _row_reader(model, conn)
+    sql = (
+        f"SELECT {reader.columns} FROM {qn(model._meta.db_table)} "  # noqa: S608
+        f"WHERE {qn('id')} IN ({placeholders(len(candidates))}) "
+        f"AND {qn('status')} = %s"
+    )
+    if lock:
+        sql += " FOR UPDATE SKIP LOCKED"
+    with conn.cursor() as cursor:
+        cursor.execute(sql, [*candidates, QUEUED])
+        rows = cursor.fetchall()
+    if not rows:
+        return []
+    rank = {job_id: index for index, job_id in enumerate(candidates)}
+    jobs = sorted(
+        (_job_from_row(model, using, row, reader, conn) for row in rows),
+        key=lambda job: rank[job.id],
+    )
+    ids = [job.id for job in jobs]
+    sql = (
+        f"UPDATE {qn(model._meta.db_table)} SET {qn('status')} = %s, "  # noqa: S608
+        f"{qn('owner')} = %s, {qn('owner_date')} = %s, "
+        f"{qn('attempts')} = {qn('attempts')} + 1 "
+        f"WHERE {qn('id')} IN ({placeholders(len(ids))})"
+    )
+    owner_date = model._meta.get_field("owner_date").get_db_prep_value(now, conn)
+    with conn.cursor() as cursor:
+        cursor.execute(sql, [CLAIMED, owner, owner_date, *ids])
+    for job in jobs:
+        job.status, job.owner, job.owner_date = CLAIMED, owner, now
+        job.attempts += 1
+    return jobs

@@ -1,0 +1,122 @@
+"""Every difference between MySQL/MariaDB, PostgreSQL and SQLite that the queue's SQL meets."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django.db import connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+
+def placeholders(count: int) -> str:
+    """``%s, %s, ...``: the driver fills in the values; only the count is formatted in."""
+    return ", ".join(["%s"] * count)
+
+
+def has_locking_reads(conn: BaseDatabaseWrapper) -> bool:
+    """``SELECT ... FOR UPDATE SKIP LOCKED`` exists (not on SQLite, which locks the file)."""
+    return conn.vendor != "sqlite"
+
+
+@contextmanager
+def write_transaction(using: str) -> Iterator[None]:
+    """A short read-then-write transaction suited to this database.
+
+    SQLite has no ``SELECT ... FOR UPDATE``: the transaction takes the write lock at
+    BEGIN (IMMEDIATE), so two writers queue on the busy timeout instead of both
+    reading and one failing at once ("database is locked") when it upgrades its lock.
+    """
+    connection = connections[using]
+    if connection.vendor != "sqlite" or connection.in_atomic_block:
+        with transaction.atomic(using=using):
+            yield
+        return
+    connection.ensure_connection()  # connecting resets transaction_mode from OPTIONS
+    previous = connection.transaction_mode  # type: ignore[attr-defined]
+    connection.transaction_mode = "IMMEDIATE"  # type: ignore[attr-defined]
+    try:
+        with transaction.atomic(using=using):
+            connection.transaction_mode = previous  # type: ignore[attr-defined]
+            yield
+    finally:
+        connection.transaction_mode = previous  # type: ignore[attr-defined]
+
+
+def insert_rows(
+    conn: BaseDatabaseWrapper,
+    table: str,
+    columns: str,
+    rows: list[list[Any]],
+    batch_size: int,
+) -> list[int] | None:
+    """INSERT ``rows``; return the new ids in order, or None where the database cannot say.
+
+    PostgreSQL: psycopg pipelines ``executemany()`` (one parsed statement, rows streamed);
+    a many-row VALUES list would be re-parsed client-side per chunk. Elsewhere: multi-row
+    VALUES in chunks, with RETURNING where it exists (MariaDB, SQLite; not MySQL).
+    ``table`` and ``columns`` are quoted identifiers; every value goes through the driver.
+    """
+    qn = conn.ops.quote_name
+    placeholder = f"({placeholders(len(rows[0]))})"
+    new_ids: list[int] = []
+    with conn.cursor() as cursor:
+        if conn.vendor == "postgresql":
+            sql = f"INSERT INTO {table} ({columns}) VALUES {placeholder} RETURNING {qn('id')}"  # noqa: S608
+            raw = cursor.cursor
+            raw.executemany(sql, rows, returning=True)
+            while True:
+                new_ids.append(raw.fetchone()[0])
+                if not raw.nextset():
+                    break
+            return new_ids
+        returning = bool(conn.features.can_return_rows_from_bulk_insert)
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start : start + batch_size]
+            sql = (
+                f"INSERT INTO {table} ({columns}) VALUES "  # noqa: S608
+                f"{', '.join([placeholder] * len(chunk))}"
+            )
+            if returning:
+                sql += f" RETURNING {qn('id')}"
+            cursor.execute(sql, [value for row in chunk for value in row])
+            if returning:
+                new_ids += [row[0] for row in cursor.fetchall()]
+    return new_ids if returning else None
+
+
+def estimated_rows(using: str, table: str) -> int | None:
+    """The database's own estimate of a table's row count, or None if it has none."""
+    connection = connections[using]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass", [table]
+            )
+        elif connection.vendor == "mysql":
+            cursor.execute(
+                "SELECT table_rows FROM information_schema.tables "
+                "WHERE table_schema = DATABASE() AND table_name = %s",
+                [table],
+            )
+        elif connection.vendor == "sqlite":
+            # sqlite_stat1 exists once ANALYZE has run; its "stat" starts with the row count.
+            cursor.execute(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'sqlite_stat1'"
+            )
+            if not cursor.fetchone()[0]:
+                return None
+            cursor.execute("SELECT stat FROM sqlite_stat1 WHERE tbl = %s AND idx IS NULL", [table])
+            row = cursor.fetchone()
+            if row is None:
+                cursor.execute("SELECT stat FROM sqlite_stat1 WHERE tbl = %s LIMIT 1", [table])
+                row = cursor.fetchone()
+            return int(str(row[0]).split()[0]) if row else None
+        else:
+            return None
+        row = cursor.fetchone()
+    # PostgreSQL reports -1 for a table never analyzed or vacuumed.
+    if row is None or row[0] is None or int(row[0]) < 0:
+        return None
+    return int(row[0])

@@ -1,0 +1,43 @@
+"""The Django Tasks room: a backend that stores ``@task`` calls as jobs (:mod:`.backend`),
+jobs read back as ``TaskResult`` (:mod:`.results`), and the framework import (:mod:`.compat`).
+
+Nothing here is imported unless the project uses Django Tasks: the framework may be absent.
+"""
+
+from __future__ import annotations
+
+from importlib.util import find_spec
+from typing import TYPE_CHECKING, Any
+
+from django_dbqueue import signals
+
+if TYPE_CHECKING:
+    from django_dbqueue.models import Job
+
+
+def framework_available() -> bool:
+    """Django 6's ``django.tasks`` or the ``django-tasks`` backport is importable."""
+    return find_spec("django.tasks") is not None or find_spec("django_tasks") is not None
+
+
+# task_finished is sent once the outcome is in the database (the queue's own signals
+# fire after the write), so a receiver that calls get_result() sees the final state.
+# Attempts that will be retried are not "finished": the task is READY again. The
+# framework is imported only when a job finishes, not when the app loads.
+def on_job_finished(sender: Any, job: Job, **kwargs: Any) -> None:
+    from django_dbqueue.tasks.results import send_finished
+
+    send_finished(job)
+
+
+def on_job_failed(sender: Any, job: Job, will_retry: bool, **kwargs: Any) -> None:
+    if not will_retry:
+        from django_dbqueue.tasks.results import send_finished
+
+        send_finished(job)
+
+
+def connect_signals() -> None:
+    """Bridge the queue's signals to the framework's; AppConfig.ready() calls this."""
+    signals.job_finished.connect(on_job_finished, dispatch_uid="django_dbqueue.task_finished.done")
+    signals.job_failed.connect(on_job_failed, dispatch_uid="django_dbqueue.task_finished.failed")

@@ -1,0 +1,238 @@
+"""Django Tasks backend: ``@task`` functions run through the Job table and ``run_jobs``.
+
+``TASKS = {"default": {"BACKEND": "django_dbqueue.backends.DBQueueBackend"}}``
+(a re-export of this module's class).
+Works with ``django.tasks`` (Django 6+) and the ``django-tasks`` backport (Django 5.2);
+see :mod:`django_dbqueue.tasks.compat`. Models are imported inside methods: backends are
+created when the first ``@task`` is declared, which may be before the app registry is
+ready.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar
+
+from django.apps import apps
+from django.core import checks
+from django.db import router, transaction
+
+from django_dbqueue.conf import settings
+from django_dbqueue.exceptions import InvalidJob, TaskNotFound
+from django_dbqueue.registry import resolve
+from django_dbqueue.tasks.compat import (
+    BaseTaskBackend,
+    GenericTask,
+    InvalidTask,
+    Task,
+    TaskResult,
+    TaskResultDoesNotExist,
+    task_enqueued,
+)
+
+if TYPE_CHECKING:
+    from django_dbqueue.models import Job
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+__all__ = ["DBQueueBackend", "DBQueueTask"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class DBQueueTask(GenericTask[P, T]):
+    """A Task with the queue's own per-task options; the backend's ``task_class``.
+
+    ``@task(max_attempts=5, timeout=30)`` on the backport and Django 6.1+; on every
+    version ``my_task.using(max_attempts=5, unique_key=f"report:{pk}")``. ``None``
+    means the ``DBQUEUE`` default (``MAX_ATTEMPTS``, ``JOB_TIMEOUT``, ``RETRY_BACKOFF``).
+    """
+
+    max_attempts: int | None = None
+    timeout: float | None = None
+    retry_backoff: float | None = None
+    # While a job with this key waits or runs, enqueue() returns its result instead
+    # of adding another job.
+    unique_key: str | None = None
+
+    def using(
+        self,
+        *,
+        priority: int | None = None,
+        queue_name: str | None = None,
+        run_after: datetime | None = None,
+        backend: str | None = None,
+        max_attempts: int | None = None,
+        timeout: float | None = None,
+        retry_backoff: float | None = None,
+        unique_key: str | None = None,
+        **other: Any,
+    ) -> Self:
+        """A copy with other defaults; ``other`` passes on options of newer Django versions."""
+        changes: dict[str, Any] = {
+            **other,
+            "priority": priority,
+            "queue_name": queue_name,
+            "run_after": run_after,
+            "backend": backend,
+            "max_attempts": max_attempts,
+            "timeout": timeout,
+            "retry_backoff": retry_backoff,
+            "unique_key": unique_key,
+        }
+        # Not super().using(): slots=True dataclasses break zero-argument super().
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+class DBQueueBackend(BaseTaskBackend):
+    """Stores each enqueued Task as a :class:`~django_dbqueue.models.Job` row.
+
+    Queues: ``DBQUEUE['QUEUES']`` decides which queues exist (workers run only those).
+    A ``QUEUES`` list in this backend's ``TASKS`` entry is optional and narrows what
+    tasks of this backend may use; without it every ``DBQUEUE`` queue is allowed.
+    """
+
+    task_class = DBQueueTask
+
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        self.explicit_queues = "QUEUES" in params
+        if not self.explicit_queues:
+            # The framework's default would be {"default"}; ours is DBQUEUE['QUEUES'],
+            # read at validation time so override_settings applies.
+            self.queues = set()
+
+    # -- validation ------------------------------------------------------------------
+
+    def validate_task(self, task: Task[..., Any]) -> None:
+        self._validate_for_framework(task)
+        try:
+            # The same checks enqueue() makes, without writing anything.
+            self._build_job(task, [], {})
+        except InvalidJob as exc:
+            raise InvalidTask(f"Task {task.module_path}: {exc}") from None
+
+    def _validate_for_framework(self, task: Task[..., Any]) -> None:
+        if self.explicit_queues and task.queue_name not in self.queues:
+            raise InvalidTask(
+                f"Queue {task.queue_name!r} is not in TASKS[{self.alias!r}]['QUEUES'] "
+                f"({', '.join(sorted(self.queues))}). Add it there (and to DBQUEUE['QUEUES']), "
+                "or remove QUEUES from the TASKS entry to allow every DBQUEUE queue."
+            )
+        super().validate_task(task)
+
+    def _build_job(self, task: Task[..., Any], args: Sequence[Any], kwargs: Any) -> Job:
+        from django_dbqueue.enqueueing import build_job
+
+        options: dict[str, Any] = {}
+        if isinstance(task, DBQueueTask):
+            options = {
+                "max_attempts": task.max_attempts,
+                "timeout": task.timeout,
+                "retry_backoff": task.retry_backoff,
+                "unique_key": task.unique_key,
+            }
+        return build_job(
+            task.func,
+            args,
+            kwargs,
+            queue=task.queue_name,
+            priority=task.priority,
+            run_after=task.run_after,
+            backend=self.alias,
+            **options,
+        )
+
+    def _check_importable(self, task: Task[..., Any]) -> None:
+        # Workers find the task by its module path: that name must be this Task (a
+        # function decorated under another name would run without the framework).
+        try:
+            target: Any = resolve(task.module_path)
+        except TaskNotFound as exc:
+            raise InvalidTask(str(exc)) from None
+        if not isinstance(target, Task) or target.func is not task.func:
+            raise InvalidTask(
+                f"Workers import tasks by module path, and {task.module_path} is not this "
+                "task there. Apply @task to a module-level function and keep its name: "
+                "def send_mail(...) decorated with @task, not send = task(send_mail)."
+            )
+
+    # -- enqueue and results ----------------------------------------------------------
+
+    def enqueue(
+        self, task: Task[P, T], args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> TaskResult[P, T]:
+        """Insert the job; the task is visible to workers once the transaction commits.
+
+        Arguments that are not JSON raise :class:`~django_dbqueue.exceptions.InvalidJob`.
+        ``task_enqueued`` is sent on commit too, and not at all for a ``unique_key``
+        that is already taken (the existing job's result is returned then).
+        """
+        from django_dbqueue.enqueueing import save_job
+        from django_dbqueue.models import Job
+        from django_dbqueue.tasks.results import task_result_from_job
+
+        self._validate_for_framework(task)
+        self._check_importable(task)
+        # The task's options were checked when it was declared (validate_task), so what
+        # fails here is the arguments: InvalidJob, as from django_dbqueue.enqueue().
+        job = self._build_job(task, args, kwargs)
+        job, created = save_job(job)
+        result: TaskResult[Any, Any] = task_result_from_job(job, task if created else None)
+        if created:
+            sender = type(self)
+
+            # After save_job()'s own on-commit jobs_enqueued: callbacks run in order.
+            transaction.on_commit(
+                lambda: task_enqueued.send(sender, task_result=result),
+                using=router.db_for_write(Job),
+            )
+        return result
+
+    def get_result(self, result_id: str) -> TaskResult[..., Any]:
+        from django_dbqueue.models import Job
+        from django_dbqueue.tasks.results import task_result_from_job
+
+        try:
+            job = Job.objects.get(pk=int(result_id))
+        except (TypeError, ValueError, OverflowError):
+            raise TaskResultDoesNotExist(
+                f"{result_id!r} is not a task result id of {type(self).__name__} (a job id)."
+            ) from None
+        except Job.DoesNotExist:
+            raise TaskResultDoesNotExist(f"No task result (job) with id {result_id}.") from None
+        return task_result_from_job(job)
+
+    # -- system checks ----------------------------------------------------------------
+
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
+        messages: list[checks.CheckMessage] = list(super().check(**kwargs))
+        if not apps.is_installed("django_dbqueue"):
+            messages.append(
+                checks.Error(
+                    f"TASKS[{self.alias!r}] uses DBQueueBackend but django_dbqueue is not "
+                    "installed.",
+                    hint="Add 'django_dbqueue' to INSTALLED_APPS and run migrate.",
+                    id="django_dbqueue.E201",
+                )
+            )
+        if self.explicit_queues:
+            unknown = sorted(set(self.queues) - set(settings.QUEUES))
+            if unknown:
+                messages.append(
+                    checks.Error(
+                        f"TASKS[{self.alias!r}]['QUEUES'] lists {', '.join(unknown)}, which "
+                        "DBQUEUE['QUEUES'] does not: no worker would run those tasks.",
+                        hint="Add them to DBQUEUE['QUEUES'], or drop QUEUES from the TASKS "
+                        "entry (every DBQUEUE queue is then allowed).",
+                        id="django_dbqueue.E202",
+                    )
+                )
+        return messages

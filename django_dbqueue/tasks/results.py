@@ -1,0 +1,176 @@
+"""A Job row seen as a Django Tasks ``TaskResult``, and running a ``Task`` in the worker.
+
+Mapping (see docs/tasks.md): queued -> READY (also while it waits for a retry),
+claimed -> RUNNING, done -> SUCCESSFUL, failed and cancelled -> FAILED. ``errors`` come
+from ``Job.errors`` (one per failed attempt), ``worker_ids`` from ``Job.owner`` and
+``Job.attempts``, ``return_value`` from ``Job.result``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import TYPE_CHECKING, Any
+
+from django.utils import timezone
+
+from django_dbqueue.exceptions import TaskNotFound
+from django_dbqueue.registry import resolve
+from django_dbqueue.tasks.backend import DBQueueBackend, DBQueueTask
+from django_dbqueue.tasks.compat import (
+    BaseTaskBackend,
+    InvalidTask,
+    InvalidTaskBackend,
+    Task,
+    TaskContext,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    task_backends,
+    task_finished,
+    task_started,
+)
+
+if TYPE_CHECKING:
+    from django_dbqueue.models import Job
+
+logger = logging.getLogger("django_dbqueue.tasks")
+
+STATUS_MAP: dict[str, TaskResultStatus] = {
+    "queued": TaskResultStatus.READY,
+    "claimed": TaskResultStatus.RUNNING,
+    "done": TaskResultStatus.SUCCESSFUL,
+    "failed": TaskResultStatus.FAILED,
+    "cancelled": TaskResultStatus.FAILED,
+}
+
+
+def task_of_job(job: Job, target: object = None) -> Task[..., Any]:
+    """The Task a job runs, with the options stored on the job (priority, queue...).
+
+    ``target`` is what ``job.task`` resolves to, when the caller has it already.
+    Raises TaskResultDoesNotExist when the job runs a plain function, and TaskNotFound
+    when its task no longer imports.
+    """
+    if target is None:
+        target = resolve(job.task)
+    if not isinstance(target, Task):
+        raise TaskResultDoesNotExist(
+            f"Job {job.pk} runs {job.task}, a plain function, not a Django Tasks task; "
+            "read it with django_dbqueue.models.Job instead."
+        )
+    changes: dict[str, Any] = {"priority": job.priority, "queue_name": job.queue}
+    if job.backend:
+        changes["backend"] = job.backend
+    # A job's run_after is its enqueue time unless it was deferred (or is waiting to retry).
+    changes["run_after"] = job.run_after if job.run_after > job.created_at else None
+    if isinstance(target, DBQueueTask):
+        changes.update(
+            max_attempts=job.max_attempts,
+            timeout=job.timeout,
+            retry_backoff=job.retry_backoff,
+            unique_key=job.unique_key,
+        )
+    try:
+        # replace() re-validates against the backend: a job enqueued before a settings
+        # change must still be readable, so fall back to the task as declared.
+        return dataclasses.replace(target, **changes)
+    except (InvalidTask, InvalidTaskBackend):
+        return target
+
+
+def task_result_from_job(job: Job, task: Task[..., Any] | None = None) -> TaskResult[..., Any]:
+    task = task or task_of_job(job)
+    status = STATUS_MAP[job.status]
+    result: TaskResult[..., Any] = TaskResult(
+        task=task,
+        id=str(job.pk),
+        status=status,
+        enqueued_at=job.created_at,
+        # Only the latest attempt's start is stored; it serves as both.
+        started_at=job.started_at,
+        last_attempted_at=job.started_at,
+        finished_at=job.finished_at,
+        args=list(job.args or []),
+        kwargs=dict(job.kwargs or {}),
+        backend=job.backend or task.backend,
+        errors=[
+            TaskError(
+                exception_class_path=str(error.get("exception_class_path", "")),
+                traceback=str(error.get("traceback", "")),
+            )
+            for error in (job.errors or [])
+        ],
+        worker_ids=_worker_ids(job),
+    )
+    if status == TaskResultStatus.SUCCESSFUL:
+        # TaskResult is frozen; the framework's own backends set the value this way.
+        object.__setattr__(result, "_return_value", job.result)
+    return result
+
+
+def backend_class(alias: str) -> type[BaseTaskBackend]:
+    """The class the framework's signals name as sender."""
+    try:
+        return type(task_backends[alias])
+    except InvalidTaskBackend:
+        return DBQueueBackend
+
+
+def run_task(target: object, job: Job) -> Any:
+    """Run one attempt of the Task ``target`` for ``job``; the worker's call_job() calls it."""
+    task = task_of_job(job, target)
+    if job.started_at is None:
+        job.started_at = timezone.now()
+    result = task_result_from_job(job, task)
+    task_started.send(backend_class(result.backend), task_result=result)
+    args, kwargs = list(job.args or []), dict(job.kwargs or {})
+    if task.takes_context:
+        return task.call(TaskContext(task_result=result), *args, **kwargs)
+    return task.call(*args, **kwargs)
+
+
+def send_finished(job: Job) -> None:
+    """Send the framework's ``task_finished`` for a job that ran a Task (else nothing)."""
+    from django_dbqueue.worker.execution import lookup
+
+    try:
+        target, is_task = lookup(job.task)
+    except TaskNotFound:
+        return
+    if not is_task:
+        return  # a plain function: the common case, decided without building anything
+    try:
+        result = task_result_from_job(job, task_of_job(job, target))
+    except (TaskResultDoesNotExist, TaskNotFound):
+        return  # a plain function, or a task that never imported: nothing to report
+    except Exception:
+        # Runs inside the worker's bookkeeping: report, never stop the worker.
+        logger.exception("Could not build the TaskResult of job %s for task_finished", job.pk)
+        return
+    # send_robust: a broken receiver must not stop the worker recording other jobs.
+    for receiver, response in task_finished.send_robust(
+        backend_class(result.backend), task_result=result
+    ):
+        if isinstance(response, Exception):
+            logger.error(
+                "task_finished receiver %r failed for job %s",
+                receiver,
+                job.pk,
+                exc_info=response,
+            )
+
+
+def _worker_ids(job: Job) -> list[str]:
+    """One worker id per attempt (the framework counts attempts as ``len(worker_ids)``).
+
+    Failed attempts name their worker in ``Job.errors``; the latest attempt, and any
+    attempt without an entry (recovered after a crash, or past ``KEEP_ERRORS``), is
+    credited to ``Job.owner``.
+    """
+    if not job.attempts or not job.owner:
+        return []
+    failed = [str(error.get("worker") or job.owner) for error in (job.errors or [])]
+    missing = max(job.attempts - len(failed), 0)
+    return (failed + [job.owner] * missing)[-job.attempts :]

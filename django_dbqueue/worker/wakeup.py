@@ -1,0 +1,147 @@
+"""Waking idle workers when jobs arrive, instead of waiting for their next poll.
+
+PostgreSQL: ``LISTEN``/``NOTIFY`` on the job database. MySQL/MariaDB and SQLite: a Redis
+channel, when ``DBQUEUE['WAKEUP_REDIS_ALIAS']`` names a django-redis cache. Otherwise
+workers poll, quickly while busy and backing off to ``POLL_INTERVAL`` when idle.
+
+Notifications are sent from ``jobs_enqueued``, which fires on commit: a job that rolls
+back wakes nobody. They are only a hint; polling stays on as the safety net, so a lost
+notification delays a job by at most ``POLL_INTERVAL``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from django.db import connections, router
+from django.utils import timezone
+
+from django_dbqueue.conf import settings
+
+logger = logging.getLogger("django_dbqueue.wakeup")
+CHANNEL = "dbqueue_wakeup"
+
+
+class Listener(Protocol):
+    def wait(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds; True when jobs for our queues were announced."""
+
+    def close(self) -> None: ...
+
+
+def _job_database() -> str:
+    from django_dbqueue.models import Job
+
+    return router.db_for_write(Job)
+
+
+def _redis(alias: str) -> Any:
+    from django_redis import get_redis_connection
+
+    return get_redis_connection(alias)
+
+
+def method() -> str:
+    """Which wake-up this configuration uses: "postgres", "redis" or "poll"."""
+    if not settings.WAKEUP:
+        return "poll"
+    if connections[_job_database()].vendor == "postgresql":
+        return "postgres"
+    if settings.WAKEUP_REDIS_ALIAS:
+        return "redis"
+    return "poll"
+
+
+def notify(queues: Iterable[str]) -> None:
+    """Tell idle workers of these queues that jobs are runnable now."""
+    payload = ",".join(sorted(set(queues)))
+    if not payload:
+        return
+    how = method()
+    try:
+        if how == "postgres":
+            with connections[_job_database()].cursor() as cursor:
+                cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, payload])
+        elif how == "redis":
+            _redis(settings.WAKEUP_REDIS_ALIAS).publish(CHANNEL, payload)
+    except Exception as exc:  # a hint only: never fail the caller's request over it
+        logger.warning("Could not wake workers (%s); they will find the jobs by polling", exc)
+
+
+def on_jobs_enqueued(sender: Any, jobs: list[Any], **kwargs: Any) -> None:
+    now = timezone.now()
+    due = {job.queue for job in jobs if job.run_after <= now}
+    if due:
+        notify(due)
+
+
+class PostgresListener:
+    """A connection of its own that LISTENs; the worker's connection stays free."""
+
+    def __init__(self, queues: Iterable[str]) -> None:
+        import psycopg
+        from psycopg import sql
+
+        self.queues = set(queues)
+        conn = connections[_job_database()]
+        params = conn.get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        self.conn = psycopg.connect(**params, autocommit=True)
+        self.conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            # Each notifies() generator holds the connection's lock until exhausted, so
+            # read it to the end before the next one.
+            payloads = [n.payload for n in self.conn.notifies(timeout=left, stop_after=1)]
+            if any(self.queues & set(p.split(",")) for p in payloads):
+                # Swallow the backlog too: one claim serves them all.
+                list(self.conn.notifies(timeout=0))
+                return True
+        return False
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class RedisListener:
+    def __init__(self, queues: Iterable[str]) -> None:
+        self.queues = set(queues)
+        self.pubsub = _redis(settings.WAKEUP_REDIS_ALIAS).pubsub(ignore_subscribe_messages=True)
+        self.pubsub.subscribe(CHANNEL)
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            message = self.pubsub.get_message(timeout=left)
+            if message is None:
+                continue
+            data = message["data"]
+            text = data.decode() if isinstance(data, bytes) else str(data)
+            if self.queues & set(text.split(",")):
+                # Swallow the backlog too: one claim serves them all.
+                while self.pubsub.get_message(timeout=0) is not None:
+                    pass
+                return True
+        return False
+
+    def close(self) -> None:
+        self.pubsub.close()
+
+
+def listen(queues: Iterable[str]) -> Listener | None:
+    """A listener for this configuration, or None to poll."""
+    how = method()
+    try:
+        if how == "postgres":
+            return PostgresListener(queues)
+        if how == "redis":
+            return RedisListener(queues)
+    except Exception as exc:
+        logger.warning("Wake-up via %s unavailable (%s); polling instead", how, exc)
+    return None

@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from django_dbqueue import enqueue, enqueue_many
+from django_dbqueue.models import Job
+from tests.support import jobs
+
+
+@pytest.mark.django_db
+def test_claim_orders_by_priority_then_run_after_then_id() -> None:
+    now = timezone.now()
+    low = enqueue(jobs.noop, priority=-1)
+    old = enqueue(jobs.noop, run_after=now - timedelta(minutes=1))
+    first = enqueue(jobs.noop)
+    second = enqueue(jobs.noop)
+    urgent = enqueue(jobs.noop, priority=10)
+    claimed = Job.objects.claim("w1", batch_size=10)
+    assert [j.pk for j in claimed] == [urgent.pk, old.pk, first.pk, second.pk, low.pk]
+
+
+@pytest.mark.django_db
+def test_claim_marks_owner_and_counts_the_attempt() -> None:
+    job = enqueue(jobs.noop)
+    [claimed] = Job.objects.claim("host:1:abc", batch_size=5)
+    stored = Job.objects.get(pk=job.pk)
+    assert claimed.pk == job.pk
+    assert stored.status == Job.Status.CLAIMED
+    assert stored.owner == "host:1:abc"
+    assert stored.owner_date is not None
+    assert stored.attempts == 1 == claimed.attempts
+    assert Job.objects.claim("other", batch_size=5) == []
+
+
+@pytest.mark.django_db
+def test_claim_respects_batch_size_queues_and_run_after() -> None:
+    enqueue_many([{"task": jobs.noop} for _ in range(7)])
+    enqueue(jobs.noop, queue="emails")
+    enqueue(jobs.noop, run_after=timedelta(hours=1))
+    assert len(Job.objects.claim("a", batch_size=5, queues=["default"])) == 5
+    assert len(Job.objects.claim("a", batch_size=5, queues=["default"])) == 2
+    [email] = Job.objects.claim("a", batch_size=5, queues=["emails", "reports"])
+    assert email.queue == "emails"
+    assert Job.objects.claim("a", batch_size=5) == []
+    assert Job.objects.filter(status=Job.Status.QUEUED).count() == 1
+
+
+@pytest.mark.django_db
+def test_claim_rejects_a_zero_batch() -> None:
+    with pytest.raises(ValueError, match="batch_size"):
+        Job.objects.claim("a", batch_size=0)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_job_enqueued_in_open_transaction_is_invisible_until_commit() -> None:
+    """A worker (another connection) never gets a job before its transaction commits.
+
+    On SQLite the worker's IMMEDIATE claim waits for the writer instead, and must get
+    the job only once it is committed.
+    """
+    got: list[tuple[float, list[int]]] = []
+
+    def worker() -> None:
+        try:
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                claimed = Job.objects.claim("thread-worker", batch_size=10)
+                if claimed:
+                    got.append((time.monotonic(), [j.pk for j in claimed]))
+                    return
+                got.append((time.monotonic(), []))
+                time.sleep(0.02)
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        job = enqueue(jobs.noop)
+        thread = threading.Thread(target=worker)
+        thread.start()
+        time.sleep(0.5)
+        committed_at = time.monotonic()
+    thread.join(30)
+    empty_polls = [t for t, ids in got if not ids]
+    [(when, ids)] = [(t, ids) for t, ids in got if ids]
+    assert ids == [job.pk]
+    assert when >= committed_at
+    assert all(t < committed_at + 0.5 for t in empty_polls)
+    if connection.vendor != "sqlite":
+        assert empty_polls, "the worker should have polled while the transaction was open"
+
+
+@pytest.mark.django_db
+def test_finishing_clears_a_cancel_request_that_came_too_late() -> None:
+    job = enqueue(jobs.noop)
+    [claimed] = Job.objects.claim("w1", batch_size=1)
+    Job.objects.filter(pk=job.pk).update(cancel_requested=True)
+    assert Job.objects.finish_done("w1", [claimed]) == {job.pk}
+    stored = Job.objects.get(pk=job.pk)
+    assert (stored.status, stored.cancel_requested) == (Job.Status.DONE, False)

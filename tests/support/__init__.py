@@ -1,0 +1,57 @@
+"""Helpers the tests share: which database this run uses, real processes, waiting."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+VENDORS = {"sqlite": "sqlite", "mysql": "mysql", "postgres": "postgresql"}
+CURRENT_DB = os.environ.get("DBQUEUE_DB", "sqlite")
+CURRENT_VENDOR = VENDORS[CURRENT_DB]
+
+
+class Processes:
+    """Starts manage.py commands as real processes and makes sure none outlives the test."""
+
+    def __init__(self) -> None:
+        self.started: list[subprocess.Popen[str]] = []
+
+    def start(self, *args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        self.started.append(proc)
+        return proc
+
+    def run_jobs(self, *args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+        return self.start("run_jobs", *args, env=env)
+
+    def kill_all(self) -> None:
+        for proc in self.started:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=30)
+            if proc.stdout:
+                proc.stdout.close()
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 60.0, interval: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s")
+        time.sleep(interval)

@@ -1,0 +1,65 @@
+"""@task functions the backend tests enqueue; run_jobs processes import them from here."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+from django_dbqueue.tasks.compat import TaskContext, task
+from testproject.models import Execution
+
+
+@task
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@task
+def fail(message: str = "boom") -> None:
+    raise ValueError(message)
+
+
+@task(priority=10, queue_name="emails")
+def record(key: str) -> str:
+    """Leave a row behind, so a test sees in which order tasks ran."""
+    Execution.objects.create(key=key, pid=os.getpid())
+    return key
+
+
+@task(takes_context=True)
+def flaky(context: TaskContext[Any, Any], key: str) -> dict[str, Any]:
+    """Fails on its first attempt, succeeds on the second."""
+    Execution.objects.create(key=key, pid=os.getpid(), attempt=context.attempt)
+    if context.attempt < 2:
+        raise RuntimeError(f"{key}: attempt {context.attempt} failed")
+    return {
+        "attempt": context.attempt,
+        "id": context.task_result.id,
+        "worker_ids": context.task_result.worker_ids,
+    }
+
+
+@task
+async def async_add(a: int, b: int) -> int:
+    await asyncio.sleep(0)
+    return a + b
+
+
+@task(max_attempts=1, timeout=0.5)
+def too_slow(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+def _helper() -> int:
+    return 1
+
+
+# Declared under another name than its function's: workers could not find this Task.
+renamed = task(_helper)
+
+
+@task(max_attempts=1, timeout=0.3)
+async def async_too_slow(seconds: float) -> None:
+    await asyncio.sleep(seconds)

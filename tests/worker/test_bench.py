@@ -1,0 +1,64 @@
+"""The benchmark command runs and reports sane figures on a small size."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from django_dbqueue import enqueue
+from django_dbqueue.models import Job
+from tests.support import jobs
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
+
+
+def test_bench_reports_every_figure_as_json() -> None:
+    out = StringIO()
+    call_command(
+        "dbqueue_bench",
+        "--jobs",
+        "300",
+        "--single",
+        "50",
+        "--bulk",
+        "300",
+        "--samples",
+        "10",
+        "--history",
+        "2000",
+        "--workers",
+        "2",
+        "--json",
+        stdout=out,
+    )
+    report = json.loads(out.getvalue())
+    assert report["workers"] == 2
+    assert report["history_rows"] == 2000
+    for key in (
+        "enqueue_single_per_s",
+        "enqueue_bulk_per_s",
+        "drain_per_s",
+        "drain_with_history_per_s",
+    ):
+        assert 10 < report[key] < 10_000_000, (key, report[key])
+    assert 0 < report["latency_p50_ms"] <= report["latency_p90_ms"] <= report["latency_p99_ms"]
+    assert report["latency_p99_ms"] < 5_000
+    assert Job.objects.count() == 0, "the benchmark cleans up after itself"
+
+
+def test_bench_prints_a_table() -> None:
+    out = StringIO()
+    call_command("dbqueue_bench", "--only", "drain", "--jobs", "200", "--workers", "1", stdout=out)
+    text = out.getvalue()
+    assert "drain, empty table:" in text
+    assert "drain_per_s" in text
+
+
+def test_bench_refuses_to_delete_existing_jobs() -> None:
+    enqueue(jobs.noop)
+    with pytest.raises(CommandError, match="deletes them all"):
+        call_command("dbqueue_bench", "--only", "drain", "--jobs", "10")
+    assert Job.objects.count() == 1
