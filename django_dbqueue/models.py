@@ -121,3 +121,54 @@ class Counter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name}={self.value}"
+
+
+class QueueState(models.Model):
+    """An operator's switch per queue: a paused queue keeps its jobs but nobody claims them."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    paused = models.BooleanField(default=False)
+    changed_at = models.DateTimeField(default=timezone.now)
+    changed_by = models.CharField(max_length=255, blank=True, default="")
+
+    class Meta:
+        db_table = "dbqueue_queue"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({'paused' if self.paused else 'running'})"
+
+
+class ScheduleTick(models.Model):
+    """One tick of a recurring schedule, enqueued once: the unique (schedule, tick_at) pair
+    is what makes many schedulers on many hosts enqueue each tick exactly once."""
+
+    schedule = models.CharField(max_length=200)
+    tick_at = models.DateTimeField()
+    # Not a foreign key: retention deletes old jobs, the tick stays as the schedule's memory.
+    job_id = models.BigIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "dbqueue_schedule_tick"
+        constraints = [
+            models.UniqueConstraint(fields=["schedule", "tick_at"], name="dbq_tick_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.schedule} @ {self.tick_at.isoformat()}"
+
+
+class Duty(models.Model):
+    """A cluster-wide periodic duty (pruning): whoever moves ``due_at`` forward does it, so
+    it runs at most once per interval however many workers there are."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    due_at = models.DateTimeField()
+    last_run_at = models.DateTimeField(null=True, blank=True)
+    last_result = models.CharField(max_length=255, blank=True, default="")
+
+    class Meta:
+        db_table = "dbqueue_duty"
+
+    def __str__(self) -> str:
+        return f"{self.name} (due {self.due_at.isoformat()})"

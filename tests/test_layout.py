@@ -19,6 +19,7 @@ BELOW = {
     "admin": {"queue", "worker"},
     "tasks": {"queue", "worker"},
     "locks": set(),
+    "scheduling": {"queue", "worker"},
 }
 
 

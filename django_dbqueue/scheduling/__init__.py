@@ -1,0 +1,1 @@
+"""The scheduling room: recurring jobs, paused queues, retention."""

@@ -1,0 +1,171 @@
+"""Retention: deleting finished jobs once they are old enough, in short statements.
+
+Each batch reads up to ``PRUNE_BATCH_SIZE`` ids along the ``(status, finished_at)`` index
+and deletes them by primary key, so no DELETE scans a range or holds its locks for long
+(InnoDB locks every index record a DELETE reads). Workers prune at most once per
+``RETENTION_INTERVAL`` across the whole cluster: a :class:`~django_dbqueue.models.Duty`
+row whose ``due_at`` only one of them can move forward.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import IntegrityError, router, transaction
+from django.utils import timezone
+
+from django_dbqueue.conf import settings
+from django_dbqueue.models import Duty, Job
+from django_dbqueue.status import CANCELLED, DONE, FAILED
+
+# Done jobs are most of the table and what an operator needs least: a day is enough to
+# look at today's work (Solid Queue keeps finished jobs a day too). Failed jobs wait for a
+# person to read them, over a weekend or a holiday. Cancelled ones were an operator's choice.
+DEFAULT_RETENTION: dict[str, timedelta | None] = {
+    DONE: timedelta(days=1),
+    FAILED: timedelta(days=30),
+    CANCELLED: timedelta(days=7),
+}
+PRUNE_DUTY = "prune"
+
+
+def as_timedelta(value: object, what: str) -> timedelta | None:
+    """``None``, a timedelta or seconds -> timedelta (or None: keep forever)."""
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        raise ValueError(f"{what} must be seconds, a timedelta or None, not {value!r}")
+    if not math.isfinite(seconds) or seconds < 0 or seconds > 100 * 365 * 86400:
+        raise ValueError(f"{what} must be between 0 and 100 years, not {value!r}")
+    return timedelta(seconds=seconds)
+
+
+def retention_policy() -> dict[str, timedelta | None]:
+    """``DBQUEUE['RETENTION']`` over :data:`DEFAULT_RETENTION`; raises ValueError if bad."""
+    configured = settings.RETENTION
+    if not isinstance(configured, dict):
+        raise ValueError("DBQUEUE['RETENTION'] must be a dict like {'done': 86400}")
+    unknown = set(configured) - set(DEFAULT_RETENTION)
+    if unknown:
+        raise ValueError(
+            f"DBQUEUE['RETENTION'] has unknown key(s) {', '.join(sorted(unknown))}; "
+            f"the keys are {', '.join(DEFAULT_RETENTION)}"
+        )
+    policy = dict(DEFAULT_RETENTION)
+    for status, value in configured.items():
+        policy[status] = as_timedelta(value, f"DBQUEUE['RETENTION'][{status!r}]")
+    return policy
+
+
+@dataclass
+class Cutoff:
+    status: str
+    before: datetime
+
+
+def cutoffs(
+    policy: dict[str, timedelta | None], now: datetime, statuses: Iterable[str] | None = None
+) -> list[Cutoff]:
+    wanted = set(statuses) if statuses is not None else set(policy)
+    return [
+        Cutoff(status, now - age)
+        for status, age in policy.items()
+        if age is not None and status in wanted
+    ]
+
+
+def prunable(cutoff: Cutoff) -> int:
+    """How many rows a prune would delete (a plain count: for --dry-run and the admin)."""
+    using = router.db_for_read(Job)
+    return (
+        Job.objects.using(using)
+        .filter(status=cutoff.status, finished_at__lt=cutoff.before)
+        .order_by()
+        .count()
+    )
+
+
+def prune(
+    targets: list[Cutoff],
+    batch_size: int | None = None,
+    max_seconds: float | None = None,
+    on_batch: Callable[[str, int], None] | None = None,
+) -> tuple[int, bool]:
+    """Delete finished jobs older than their cutoff, a batch of ids at a time.
+
+    Stops after ``max_seconds`` (when given) so a worker's turn stays short; what is left
+    goes in the next run. Returns (rows deleted, whether everything due was deleted).
+    """
+    size = int(batch_size or settings.PRUNE_BATCH_SIZE)
+    if size < 1:
+        raise ValueError("batch_size must be at least 1")
+    using = router.db_for_write(Job)
+    jobs = Job.objects.using(using)
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
+    deleted = 0
+    for cutoff in targets:
+        while True:
+            if deadline is not None and time.monotonic() >= deadline:
+                return deleted, False
+            ids = list(
+                jobs.filter(status=cutoff.status, finished_at__lt=cutoff.before)
+                .order_by("finished_at", "id")
+                .values_list("id", flat=True)[:size]
+            )
+            if not ids:
+                break
+            # By primary key, re-checking the status: a job requeued since we read it stays.
+            count, _ = jobs.filter(id__in=ids, status=cutoff.status).delete()
+            deleted += count
+            if on_batch is not None:
+                on_batch(cutoff.status, count)
+            if len(ids) < size:
+                break
+    return deleted, True
+
+
+def claim_duty(name: str, interval: float, now: datetime | None = None) -> bool:
+    """True for exactly one caller per ``interval`` seconds across the cluster."""
+    now = now or timezone.now()
+    using = router.db_for_write(Duty)
+    duties = Duty.objects.using(using)
+    next_due = now + timedelta(seconds=interval)
+    if duties.filter(name=name, due_at__lte=now).update(due_at=next_due, last_run_at=now):
+        return True
+    if duties.filter(name=name).exists():
+        return False
+    try:
+        with transaction.atomic(using=using):
+            duties.create(name=name, due_at=next_due, last_run_at=now)
+    except IntegrityError:
+        return False  # another worker created it first: its turn
+    return True
+
+
+# A run that ran out of time comes back this soon (not a whole interval later), so a
+# backlog of old rows is worked off in short turns instead of never catching up.
+BACKLOG_RETRY = 5.0
+
+
+def prune_if_due(max_seconds: float = 0.5) -> int | None:
+    """The workers' share of retention: prune for up to ``max_seconds`` when it is this
+    worker's turn (once per ``RETENTION_INTERVAL`` across the cluster); None otherwise."""
+    now = timezone.now()
+    interval = float(settings.RETENTION_INTERVAL)
+    if not claim_duty(PRUNE_DUTY, interval, now):
+        return None
+    deleted, complete = prune(cutoffs(retention_policy(), now), max_seconds=max_seconds)
+    using = router.db_for_write(Duty)
+    update: dict[str, object] = {"last_result": f"deleted {deleted}"}
+    if not complete:
+        update["due_at"] = timezone.now() + timedelta(seconds=min(interval, BACKLOG_RETRY))
+    Duty.objects.using(using).filter(name=PRUNE_DUTY).update(**update)
+    return deleted
