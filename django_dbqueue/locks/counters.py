@@ -52,8 +52,8 @@ def next_counter_value(
     backend: str | None = None,
     using: str | None = None,
 ) -> int:
-    """Advance counter ``name`` and return its new value; after ``max_value`` comes
-    ``min_value`` again. ``backend`` is "redis" or "database" (default: "redis" when
+    """Advance counter ``name`` and return its new value: ``min_value`` first, and again
+    after ``max_value``. ``backend`` is "redis" or "database" (default: "redis" when
     the default lock backend is "redis", else "database"); ``using`` is the cache or database
     alias. Inside a caller's transaction the database counter row stays locked (and the
     value may roll back) until that transaction ends."""
