@@ -8,7 +8,6 @@ database session) always belongs to exactly one holder.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -201,16 +200,10 @@ class BaseLock(ABC):
 
     # Helpers for backends ----------------------------------------------------------------
 
-    def slot_names(self) -> list[str]:
-        """Names of the ``limit`` slots of a semaphore (the name itself for a mutex)."""
+    def slots(self) -> list[int | None]:
+        """What to try in turn: ``None`` for a mutex, the slot numbers of a semaphore.
+        Backends map (``full_name``, slot) to a key no other name or slot shares
+        (locks/names.py)."""
         if self.limit == 1:
-            return [self.full_name]
-        return [f"{self.full_name}:{i}" for i in range(self.limit)]
-
-
-def short_name(name: str, max_chars: int) -> str:
-    """``name`` if it fits, else a readable prefix plus 40 hex digits of its SHA-256."""
-    if len(name) <= max_chars:
-        return name
-    digest = hashlib.sha256(name.encode()).hexdigest()[:40]
-    return f"{name[: max_chars - 41]}~{digest}"
+            return [None]
+        return list(range(self.limit))

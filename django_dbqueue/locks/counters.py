@@ -3,18 +3,45 @@
 On Redis it is one Lua script (INCR, wrapping to ``min_value`` past ``max_value``); on the
 database one ``UPDATE ... SET value = CASE ... END`` on the ``dbqueue_counter`` row, read
 back in the same transaction, never a read-then-write.
+
+Rows are named so that two counters share a row only when their names are equal, under
+any collation (MySQL's default ones ignore case, trailing spaces and control characters),
+and no counter reaches the fencing tokens of a lock (see :func:`counter_row`).
 """
 
 from __future__ import annotations
 
+import re
+
 from django.db import router, transaction
 from django.db.models import Case, F, Q, Value, When
 
-from django_dbqueue.locks.base import short_name
 from django_dbqueue.locks.named import default_backend_name
+from django_dbqueue.locks.names import readable, tagged_digest
 
 BIGINT_MIN = -(2**63)
 BIGINT_MAX = 2**63 - 1
+
+# Row names kept as they are: the same string under every collation, no "~" (which every
+# hashed row has), and short enough for the 255-character column.
+PLAIN_ROW = re.compile(r"[a-z0-9_.:-]{1,255}\Z")
+FENCE = "fence:"
+
+
+def counter_row(name: str, *, fencing: bool = False) -> str:
+    """The ``dbqueue_counter`` row of counter ``name`` (``fencing``: of the fencing tokens
+    of the lock whose full name is ``name``).
+
+    A fencing row is ``fence:<full name>`` and a counter's is its name when that is plain
+    (lower-case ASCII letters, digits, ``_.:-``); a counter named ``fence:...`` never is.
+    Every other name becomes a readable part, ``~`` and the SHA-256 of the name tagged with
+    its kind, so neither kind can reach the other's rows.
+    """
+    plain = FENCE + name if fencing else name
+    if PLAIN_ROW.match(plain) and (fencing or not name.startswith(FENCE)):
+        return plain
+    digest = tagged_digest("fence" if fencing else "counter", name)
+    return f"{readable(plain, 255 - 1 - len(digest))}~{digest}"
 
 
 def next_counter_value(
@@ -25,8 +52,8 @@ def next_counter_value(
     backend: str | None = None,
     using: str | None = None,
 ) -> int:
-    """Advance counter ``name`` and return its new value; after ``max_value`` comes
-    ``min_value`` again. ``backend`` is "redis" or "database" (default: "redis" when
+    """Advance counter ``name`` and return its new value: ``min_value`` first, and again
+    after ``max_value``. ``backend`` is "redis" or "database" (default: "redis" when
     the default lock backend is "redis", else "database"); ``using`` is the cache or database
     alias. Inside a caller's transaction the database counter row stays locked (and the
     value may roll back) until that transaction ends."""
@@ -45,14 +72,14 @@ def next_counter_value(
         return redis_counter_next(name, min_value, max_value, using)
     if kind != "database":
         raise ValueError(f"Counter backend must be 'redis' or 'database', not {kind!r}.")
-    return database_counter_next(short_name(name, 255), min_value, max_value, using)
+    return database_counter_next(counter_row(name), min_value, max_value, using)
 
 
-def database_counter_next(name: str, min_value: int, max_value: int, using: str | None) -> int:
+def database_counter_next(row: str, min_value: int, max_value: int, using: str | None) -> int:
     from django_dbqueue.models import Counter
 
     alias = using or router.db_for_write(Counter)
-    rows = Counter.objects.using(alias).filter(name=name)
+    rows = Counter.objects.using(alias).filter(name=row)
     advance = Case(
         When(Q(value__gte=max_value) | Q(value__lt=min_value), then=Value(min_value)),
         default=F("value") + 1,
@@ -64,5 +91,5 @@ def database_counter_next(name: str, min_value: int, max_value: int, using: str 
                 return int(rows.values_list("value", flat=True).get())
         # First use: create the row outside that transaction (no gap-lock deadlock between
         # two first users on InnoDB), one below min_value so the UPDATE yields min_value.
-        Counter.objects.using(alias).get_or_create(name=name, defaults={"value": min_value - 1})
-    raise RuntimeError(f"Counter {name!r} vanished while it was being advanced.")
+        Counter.objects.using(alias).get_or_create(name=row, defaults={"value": min_value - 1})
+    raise RuntimeError(f"Counter row {row!r} vanished while it was being advanced.")

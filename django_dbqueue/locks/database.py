@@ -18,7 +18,8 @@ from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_dbqueue.conf import settings
-from django_dbqueue.locks.base import BaseLock, short_name
+from django_dbqueue.locks.base import BaseLock
+from django_dbqueue.locks.counters import counter_row
 
 
 class DatabaseLock(BaseLock):
@@ -36,7 +37,8 @@ class DatabaseLock(BaseLock):
                 "'redis') with DBQUEUE['LOCK_BACKEND'] or named_lock(backend=...)."
             )
         self.connection: BaseDatabaseWrapper | None = None
-        self.slot: str | None = None
+        #: The server-side key of the slot this acquisition holds.
+        self.key: Any = None
 
     def query(self, sql: str, params: list[Any]) -> Any:
         """First column of the first row, on the dedicated connection."""
@@ -48,11 +50,12 @@ class DatabaseLock(BaseLock):
         return row[0] if row else None
 
     def do_acquire(self) -> bool:
-        for slot in self.slot_names():
-            if self.try_lock(slot):
-                self.slot = slot
+        for slot in self.slots():
+            key = self.lock_key(slot)
+            if self.try_lock(key):
+                self.key = key
                 if self.fencing:
-                    counter = short_name(f"fence:{self.full_name}", 255)
+                    counter = counter_row(self.full_name, fencing=True)
                     self.fencing_token = self.query_token(counter)
                 return True
         return False
@@ -63,10 +66,10 @@ class DatabaseLock(BaseLock):
     def do_owned(self) -> bool:
         return self.ask_session(self.is_mine)
 
-    def ask_session(self, question: Callable[[str], bool]) -> bool:
-        assert self.slot is not None
+    def ask_session(self, question: Callable[[Any], bool]) -> bool:
+        assert self.key is not None
         try:
-            return question(self.slot)
+            return question(self.key)
         except DatabaseError:
             # The session is gone (killed, server restarted, network): so is its lock.
             return False
@@ -85,10 +88,14 @@ class DatabaseLock(BaseLock):
         the token must not roll back with (or wait for) the caller's transaction."""
 
     @abstractmethod
-    def try_lock(self, slot: str) -> bool: ...
+    def lock_key(self, slot: int | None) -> Any:
+        """The server's key for ``slot`` of this lock (``None``: the mutex)."""
 
     @abstractmethod
-    def unlock(self, slot: str) -> bool: ...
+    def try_lock(self, key: Any) -> bool: ...
 
     @abstractmethod
-    def is_mine(self, slot: str) -> bool: ...
+    def unlock(self, key: Any) -> bool: ...
+
+    @abstractmethod
+    def is_mine(self, key: Any) -> bool: ...

@@ -1,16 +1,25 @@
 """MySQL/MariaDB locks: ``GET_LOCK`` on a dedicated session (see locks/database.py).
 
-Lock names are server-wide (not per database) and limited to 64 characters: longer names
-keep a readable prefix and end in 40 hex digits of their SHA-256. A semaphore of N is the
-N slots ``name:0`` .. ``name:N-1``, tried in turn with ``GET_LOCK(slot, 0)``.
+Lock names are server-wide (not per database) and limited: 64 characters on MySQL, 192
+bytes on MariaDB (which rejects 64 emoji with error 1059), cut at a NUL byte by both, and
+compared case-insensitively by some versions. So the server never sees the name itself:
+every key is 23 readable ASCII characters of the name, ``~``, and 40 hex digits of the
+SHA-256 of the name (or of the tagged slot of a semaphore, locks/names.py). A semaphore of
+N tries its N slot keys in turn with ``GET_LOCK(key, 0)``.
 """
 
 from __future__ import annotations
 
-from django_dbqueue.locks.base import short_name
 from django_dbqueue.locks.database import DatabaseLock
+from django_dbqueue.locks.names import lock_digest, readable
 
 MAX_NAME = 64
+READABLE_CHARS = MAX_NAME - 41  # then "~" and 40 hex digits (160 bits)
+
+
+def get_lock_name(full_name: str, slot: int | None) -> str:
+    """The ``GET_LOCK`` name of lock ``full_name`` (``slot``: of that semaphore slot)."""
+    return f"{readable(full_name, READABLE_CHARS)}~{lock_digest(full_name, slot).hex()[:40]}"
 
 
 class MySQLLock(DatabaseLock):
@@ -27,18 +36,20 @@ class MySQLLock(DatabaseLock):
         self.query(self.fencing_sql, [counter])
         return int(self.query("SELECT LAST_INSERT_ID()", []))
 
-    def try_lock(self, slot: str) -> bool:
-        # 1: acquired, 0: busy, NULL: error (e.g. killed while waiting).
-        return bool(self.query("SELECT GET_LOCK(%s, 0)", [short_name(slot, MAX_NAME)]) == 1)
+    def lock_key(self, slot: int | None) -> str:
+        return get_lock_name(self.full_name, slot)
 
-    def unlock(self, slot: str) -> bool:
+    def try_lock(self, key: str) -> bool:
+        # 1: acquired, 0: busy, NULL: error (e.g. killed while waiting).
+        return bool(self.query("SELECT GET_LOCK(%s, 0)", [key]) == 1)
+
+    def unlock(self, key: str) -> bool:
         # 1: released; 0: held by another session; NULL: nobody holds it (ours expired
         # with our session). Only 1 means it was still ours.
-        return bool(self.query("SELECT RELEASE_LOCK(%s)", [short_name(slot, MAX_NAME)]) == 1)
+        return bool(self.query("SELECT RELEASE_LOCK(%s)", [key]) == 1)
 
-    def is_mine(self, slot: str) -> bool:
-        mine = self.query("SELECT IS_USED_LOCK(%s) = CONNECTION_ID()", [short_name(slot, MAX_NAME)])
-        return bool(mine == 1)
+    def is_mine(self, key: str) -> bool:
+        return bool(self.query("SELECT IS_USED_LOCK(%s) = CONNECTION_ID()", [key]) == 1)
 
     def connection_id(self) -> int:
         """This holder's session id (what ``KILL`` and ``IS_USED_LOCK`` show)."""

@@ -1,20 +1,21 @@
 """PostgreSQL locks: session advisory locks on a dedicated connection.
 
-The key is the first 64 bits of the SHA-256 of the lock name as a signed bigint: stable
-across processes and Python versions (unlike ``hash()``). There is no wait-with-timeout
-form of ``pg_advisory_lock``, so waiting is the base class's polling of
-``pg_try_advisory_lock`` with backoff. Advisory locks are per database.
+The key is the first 64 bits of the SHA-256 of the lock name (or of the tagged slot of a
+semaphore, locks/names.py) as a signed bigint: stable across processes and Python versions
+(unlike ``hash()``), and any str is a name (the server never sees it). There is no
+wait-with-timeout form of ``pg_advisory_lock``, so waiting is the base class's polling
+of ``pg_try_advisory_lock`` with backoff. Advisory locks are per database.
 """
 
 from __future__ import annotations
 
-import hashlib
-
 from django_dbqueue.locks.database import DatabaseLock
+from django_dbqueue.locks.names import lock_digest
 
 
-def advisory_key(name: str) -> int:
-    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big", signed=True)
+def advisory_key(full_name: str, slot: int | None) -> int:
+    """The advisory lock key of lock ``full_name`` (``slot``: of that semaphore slot)."""
+    return int.from_bytes(lock_digest(full_name, slot)[:8], "big", signed=True)
 
 
 class PostgresLock(DatabaseLock):
@@ -28,23 +29,26 @@ class PostgresLock(DatabaseLock):
     def query_token(self, counter: str) -> int:
         return int(self.query(self.fencing_sql, [counter]))
 
-    def try_lock(self, slot: str) -> bool:
-        return self.query("SELECT pg_try_advisory_lock(%s)", [advisory_key(slot)]) is True
+    def lock_key(self, slot: int | None) -> int:
+        return advisory_key(self.full_name, slot)
 
-    def unlock(self, slot: str) -> bool:
-        return self.query("SELECT pg_advisory_unlock(%s)", [advisory_key(slot)]) is True
+    def try_lock(self, key: int) -> bool:
+        return self.query("SELECT pg_try_advisory_lock(%s)", [key]) is True
 
-    def is_mine(self, slot: str) -> bool:
+    def unlock(self, key: int) -> bool:
+        return self.query("SELECT pg_advisory_unlock(%s)", [key]) is True
+
+    def is_mine(self, key: int) -> bool:
         # A bigint advisory key shows in pg_locks as classid (high 32 bits) and objid
         # (low 32 bits) with objsubid 1.
-        key = advisory_key(slot) & 0xFFFFFFFFFFFFFFFF
+        unsigned = key & 0xFFFFFFFFFFFFFFFF
         return (
             self.query(
                 "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' "
                 "AND pid = pg_backend_pid() AND granted AND objsubid = 1 "
                 "AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
                 "AND classid = %s::bigint::oid AND objid = %s::bigint::oid)",
-                [key >> 32, key & 0xFFFFFFFF],
+                [unsigned >> 32, unsigned & 0xFFFFFFFF],
             )
             is True
         )

@@ -4,7 +4,10 @@ A mutex is one ``SET key token NX PX ttl``; release and extend compare the token
 same Lua script that deletes or extends, so a holder whose lease ran out can never remove
 or prolong the next holder's key. A semaphore is a sorted set of holder tokens scored by
 their expiry (Redis server time, so clocks of the clients do not matter), pruned and added
-to in one script. Keys: ``<LOCK_PREFIX>mutex:<name>``, ``semaphore:<name>``, ``fence:<name>``.
+to in one script. Keys: ``<LOCK_PREFIX>mutex:<name>``, ``semaphore:<name>``, ``fence:<name>``
+and, for :func:`next_counter_value`, ``counter:<name>``: the kind right after the prefix
+keeps each kind's keys apart (a mutex named ``x:fence`` is still ``mutex:x:fence``), and a
+semaphore is one key, not one per slot. Keys are bytes, so any str is a name.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 
 from django_dbqueue.conf import settings
 from django_dbqueue.locks.base import BaseLock
+from django_dbqueue.locks.names import encode
 
 # Milliseconds of Redis server time, for the semaphore's expiry scores.
 _NOW = """
@@ -70,13 +74,25 @@ if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then redis.call('PEXPIRE', KE
 return 1
 """
 )
+# KEYS[1]: the counter; ARGV[1], ARGV[2]: min_value and max_value. A missing counter (or
+# one at or past max_value, or below min_value) becomes min_value, as the database's does.
+# Values stay decimal strings: Lua numbers are doubles, exact only up to 2**53.
 COUNTER_NEXT = """
-local v = redis.call('INCR', KEYS[1])
-if v > tonumber(ARGV[2]) or v < tonumber(ARGV[1]) then
-    redis.call('SET', KEYS[1], ARGV[1])
-    v = tonumber(ARGV[1])
+local function less(a, b)
+    local neg_a, neg_b = a:sub(1, 1) == '-', b:sub(1, 1) == '-'
+    if neg_a ~= neg_b then return neg_a end
+    if a == b then return false end
+    local smaller = (#a < #b) or (#a == #b and a < b)
+    if neg_a then return not smaller end
+    return smaller
 end
-return v
+local v = redis.call('GET', KEYS[1])
+if v and not less(v, ARGV[1]) and less(v, ARGV[2]) then
+    redis.call('INCR', KEYS[1])
+    return redis.call('GET', KEYS[1])
+end
+redis.call('SET', KEYS[1], ARGV[1])
+return ARGV[1]
 """
 
 
@@ -87,10 +103,9 @@ def redis_client(alias: str | None = None) -> Any:
     return get_redis_connection(alias or settings.LOCK_REDIS_ALIAS)
 
 
-def redis_key(kind: str, name: str) -> str:
-    # The kind comes right after the prefix, so no lock name can collide with another
-    # kind's key (a mutex named "x:fence" is still "mutex:x:fence").
-    return f"{settings.LOCK_PREFIX}{kind}:{name}"
+def redis_key(kind: str, name: str) -> bytes:
+    """The key of ``kind`` ("mutex", "semaphore", "fence" or "counter") for ``name``."""
+    return encode(f"{settings.LOCK_PREFIX}{kind}:{name}")
 
 
 def redis_counter_next(name: str, min_value: int, max_value: int, using: str | None) -> int:
@@ -112,7 +127,7 @@ class RedisLock(BaseLock):
         self.key = redis_key(kind, name)
         self.fence_key = redis_key("fence", name)
 
-    def _run(self, source: str, keys: list[str], *args: object) -> int:
+    def _run(self, source: str, keys: list[bytes], *args: object) -> int:
         return int(self.client.register_script(source)(keys=keys, args=list(args)))
 
     def _ms(self, seconds: float) -> int:

@@ -8,8 +8,7 @@ import pytest
 from django.db import close_old_connections, connection
 
 from django_dbqueue.locks import LockLost, named_lock
-from django_dbqueue.locks.base import short_name
-from django_dbqueue.locks.mysql import MAX_NAME, MySQLLock
+from django_dbqueue.locks.mysql import MAX_NAME, MySQLLock, get_lock_name
 
 pytestmark = [pytest.mark.only_vendor("mysql"), pytest.mark.django_db(transaction=True)]
 
@@ -17,7 +16,7 @@ pytestmark = [pytest.mark.only_vendor("mysql"), pytest.mark.django_db(transactio
 def holder_of(name: str) -> int | None:
     """Connection id holding GET_LOCK ``name``, seen from the test's own session."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT IS_USED_LOCK(%s)", [short_name(name, MAX_NAME)])
+        cursor.execute("SELECT IS_USED_LOCK(%s)", [get_lock_name(name, None)])
         row = cursor.fetchone()
     assert row is not None
     return row[0]  # type: ignore[no-any-return]
@@ -43,8 +42,8 @@ def test_the_lock_lives_on_its_own_session_not_the_requests() -> None:
 def test_long_names_are_hashed_to_64_characters_and_stay_distinct() -> None:
     base = f"test-{uuid.uuid4().hex}-" + "é" * 300
     with named_lock(base + "a", backend="mysql") as a, named_lock(base + "b", backend="mysql") as b:
-        short_a, short_b = short_name(a.full_name, MAX_NAME), short_name(b.full_name, MAX_NAME)
-        assert len(short_a) == len(short_b) == 64 and short_a != short_b
+        short_a, short_b = get_lock_name(a.full_name, None), get_lock_name(b.full_name, None)
+        assert len(short_a) == len(short_b) == MAX_NAME and short_a != short_b
         assert short_a.startswith("dbqueue:lock:test-")
         assert holder_of(a.full_name) == a.connection_id()
         assert holder_of(b.full_name) == b.connection_id()

@@ -55,7 +55,7 @@ def test_release_after_the_lease_ran_out_never_removes_the_next_holders_lock(
 def test_extend_keeps_the_lease_and_the_key_uses_the_lock_prefix(lock_name: str) -> None:
     lock = redis_lock(lock_name, timeout=0.3)
     key = redis_key("mutex", lock_name)
-    assert key == f"dbqueue:lock:mutex:{lock_name}"
+    assert key == f"dbqueue:lock:mutex:{lock_name}".encode()
     assert redis_client().get(key) == lock.token.encode()
     lock.extend(5)
     assert 4000 < redis_client().pttl(key) <= 5000
