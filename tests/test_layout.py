@@ -15,11 +15,11 @@ PACKAGE = ROOT / "django_dbqueue"
 # A room may import (at module level) only the rooms listed after it.
 BELOW = {
     "queue": set(),
-    "worker": {"queue"},
-    "admin": {"queue", "worker"},
+    "scheduling": {"queue"},
+    "worker": {"queue", "scheduling"},
+    "admin": {"queue", "worker", "scheduling"},
     "tasks": {"queue", "worker"},
     "locks": set(),
-    "scheduling": {"queue", "worker"},
 }
 
 

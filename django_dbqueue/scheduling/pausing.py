@@ -14,10 +14,10 @@ from collections.abc import Sequence
 from django.db import router, transaction
 from django.utils import timezone
 
+from django_dbqueue import signals
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import InvalidJob
 from django_dbqueue.models import QueueState
-from django_dbqueue.worker import wakeup
 
 
 def _check_queue(queue: str) -> None:
@@ -32,8 +32,10 @@ def _set(queue: str, paused: bool, by: str) -> bool:
     _check_queue(queue)
     using = router.db_for_write(QueueState)
     with transaction.atomic(using=using):
-        state, created = QueueState.objects.using(using).select_for_update().get_or_create(
-            name=queue, defaults={"paused": paused, "changed_by": by}
+        state, created = (
+            QueueState.objects.using(using)
+            .select_for_update()
+            .get_or_create(name=queue, defaults={"paused": paused, "changed_by": by})
         )
         if created:
             return paused  # no row meant "running"
@@ -54,15 +56,15 @@ def resume(queue: str, by: str = "") -> bool:
     changed = _set(queue, False, by)
     if changed:
         using = router.db_for_write(QueueState)
-        transaction.on_commit(lambda: wakeup.notify([queue]), using=using)
+        transaction.on_commit(
+            lambda: signals.queues_resumed.send(QueueState, queues=[queue]), using=using
+        )
     return changed
 
 
 def paused_queues() -> set[str]:
     using = router.db_for_read(QueueState)
-    return set(
-        QueueState.objects.using(using).filter(paused=True).values_list("name", flat=True)
-    )
+    return set(QueueState.objects.using(using).filter(paused=True).values_list("name", flat=True))
 
 
 class PauseWatcher:

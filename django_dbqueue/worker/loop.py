@@ -30,6 +30,7 @@ from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import JobCancelled, JobTimeout, RetryJob, WorkerShutdown
 from django_dbqueue.models import Job
 from django_dbqueue.models import WorkerProcess as WorkerRow
+from django_dbqueue.scheduling.pausing import PauseWatcher
 from django_dbqueue.worker import wakeup
 from django_dbqueue.worker.execution import call_job, time_limit
 
@@ -126,6 +127,7 @@ class Worker:
         # Separate from `stopping`: leases must be renewed until the last job is recorded.
         self._heartbeat_stop = threading.Event()
         self._give_up_at: float | None = None  # set while stopping; see _shutdown()
+        self._pauses = PauseWatcher(self.queues)
         self._listener: wakeup.Listener | None = None
         self._listen_retry_at = 0.0
 
@@ -246,7 +248,10 @@ class Worker:
         limit = self.batch_size
         if self.max_jobs is not None:
             limit = max(1, min(limit, self.max_jobs - self.stats.processed))
-        jobs = Job.objects.claim(self.name, limit, self.queues)
+        queues = self._pauses.active()
+        if not queues:
+            return []
+        jobs = Job.objects.claim(self.name, limit, queues)
         with self._held_lock:
             self._held.update(job.id for job in jobs)
         return jobs

@@ -71,6 +71,10 @@ def notify(queues: Iterable[str]) -> None:
         logger.warning("Could not wake workers (%s); they will find the jobs by polling", exc)
 
 
+def on_queues_resumed(sender: Any, queues: list[str], **kwargs: Any) -> None:
+    notify(queues)
+
+
 def on_jobs_enqueued(sender: Any, jobs: list[Any], **kwargs: Any) -> None:
     now = timezone.now()
     due = {job.queue for job in jobs if job.run_after <= now}
