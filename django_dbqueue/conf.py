@@ -48,6 +48,9 @@ DEFAULTS: dict[str, Any] = {
     "RETENTION": {},
     "RETENTION_INTERVAL": 300.0,  # seconds between prune runs, across the whole cluster
     "PRUNE_BATCH_SIZE": 500,  # rows per DELETE: each statement holds its locks briefly
+    # Recurring jobs: {name: {"task": path, "cron": "0 3 * * *" or "every": seconds, ...}};
+    # the keys are listed in docs/scheduling.md.
+    "SCHEDULE": {},
 }
 
 
