@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 from zoneinfo import ZoneInfo
 
 from cronsim import CronSim, CronSimError
@@ -72,6 +73,14 @@ def ticks_after(expression: str, zone: ZoneInfo, after: datetime) -> Iterator[da
 
 def next_after(expression: str, zone: ZoneInfo, after: datetime) -> datetime | None:
     """The first tick strictly after ``after`` (aware), in UTC; None if none in 50 years."""
+    # In UTC because aware datetimes of one zone compare equal across a fall-back fold,
+    # which would let the cache answer for the wrong pass through the repeated hour.
+    return _next_after_utc(expression, zone, after.astimezone(UTC))
+
+
+@lru_cache(maxsize=4096)
+def _next_after_utc(expression: str, zone: ZoneInfo, after: datetime) -> datetime | None:
+    # A worker asks this on every pass, for the same last tick, until the next one comes.
     return next(ticks_after(expression, zone, after), None)
 
 

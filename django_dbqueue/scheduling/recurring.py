@@ -137,6 +137,11 @@ def due_ticks(
         last_tick = aware(last_tick, "last_tick")
     if grace < timedelta(0):
         raise ValueError("grace must not be negative.")
+    if last_tick is not None:
+        # The usual answer, found cheaply: the tick after the last one has not come yet.
+        following = schedule.next_tick(last_tick)
+        if following is None or following > now:
+            return []
     newest = schedule.previous_tick(now)
     if newest is None or (last_tick is not None and newest <= last_tick):
         return []
