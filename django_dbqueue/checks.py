@@ -143,5 +143,8 @@ def check_redis_alias(caches: dict[str, Any], alias: str) -> list[checks.CheckMe
 
 def register() -> None:
     """Register the checks (AppConfig.ready() calls this once)."""
+    from django_dbqueue.scheduling.checks import check_schedules
+
     checks.register(check_queue_settings, "django_dbqueue")
     checks.register(check_lock_settings, "django_dbqueue")
+    checks.register(check_schedules, "django_dbqueue")

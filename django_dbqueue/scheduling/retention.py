@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Duty, Job
+from django_dbqueue.scheduling.ticks import prune_ticks
 from django_dbqueue.status import CANCELLED, DONE, FAILED
 
 # Done jobs are most of the table and what an operator needs least: a day is enough to
@@ -163,6 +164,7 @@ def prune_if_due(max_seconds: float = 0.5) -> int | None:
     if not claim_duty(PRUNE_DUTY, interval, now):
         return None
     deleted, complete = prune(cutoffs(retention_policy(), now), max_seconds=max_seconds)
+    prune_ticks(now)
     using = router.db_for_write(Duty)
     update: dict[str, object] = {"last_result": f"deleted {deleted}"}
     if not complete:
