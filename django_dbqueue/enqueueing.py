@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from django_dbqueue import signals
 from django_dbqueue.conf import settings
-from django_dbqueue.exceptions import InvalidJob
+from django_dbqueue.exceptions import InvalidJob, InvalidJobArguments
 from django_dbqueue.models import Job
 from django_dbqueue.registry import resolve, task_path
 
@@ -71,7 +71,7 @@ def _check_json(value: Any, what: str) -> Any:
         # (tuples become lists) and NaN/Infinity, which JSON lacks, are refused.
         return json.loads(json.dumps(value, allow_nan=False))
     except (TypeError, ValueError) as exc:
-        raise InvalidJob(
+        raise InvalidJobArguments(
             f"Job {what} must be JSON-serializable (str, int, float, bool, None, list, dict): "
             f"{exc}. Pass ids or plain data instead of objects."
         ) from None

@@ -9,8 +9,16 @@ class InvalidJob(DBQueueError, ValueError):
     """enqueue() was given something that cannot be stored or run; nothing was written."""
 
 
-class TaskNotFound(InvalidJob):
-    """A task path does not name an importable callable."""
+class InvalidJobArguments(InvalidJob, TypeError):
+    """A job's arguments are not JSON. Also a TypeError: what Django's Tasks framework
+    raises for the same mistake."""
+
+
+class TaskNotFound(InvalidJob, ImportError):
+    """A task path does not name an importable callable.
+
+    Also an ImportError: recorded as a task's error, it reads as what it is.
+    """
 
 
 # The two interruptions below derive from BaseException on purpose: a job's own

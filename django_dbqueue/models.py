@@ -36,6 +36,10 @@ class Job(models.Model):
     backend = models.CharField(
         max_length=64, blank=True, default="", help_text="Django Tasks backend alias, if any."
     )
+    # Django Tasks: the enqueued Task's options that the columns do not keep as given
+    # (run_after, an explicit max_attempts, unique_key after it is cleared...), where they
+    # differ from the task's declaration, so get_result() returns the Task that was enqueued.
+    task_options = models.JSONField(null=True, blank=True, editable=False)
     owner = models.CharField(max_length=255, blank=True, default="")
     owner_date = models.DateTimeField(
         null=True, blank=True, help_text="When the owner last claimed or renewed its lease."

@@ -25,10 +25,15 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
-    "django_tasks",
     "django_dbqueue",
     "testproject",
 ]
+# Django 6 has django.tasks built in; Django 5.2 has @task only with the django-tasks
+# backport (the `tasks` extra). The demo runs without either.
+HAS_DJANGO_TASKS = importlib.util.find_spec("django.tasks") is not None
+HAS_TASKS_BACKPORT = importlib.util.find_spec("django_tasks") is not None
+if HAS_TASKS_BACKPORT and not HAS_DJANGO_TASKS:
+    INSTALLED_APPS.insert(INSTALLED_APPS.index("django_dbqueue"), "django_tasks")
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

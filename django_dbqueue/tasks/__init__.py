@@ -30,11 +30,28 @@ def on_job_finished(sender: Any, job: Job, **kwargs: Any) -> None:
     send_finished(job)
 
 
-def on_job_failed(sender: Any, job: Job, will_retry: bool, **kwargs: Any) -> None:
-    if not will_retry:
-        from django_dbqueue.tasks.results import send_finished
+def on_job_failed(
+    sender: Any, job: Job, will_retry: bool, exception: object = None, **kwargs: Any
+) -> None:
+    if will_retry:
+        return
+    from django_dbqueue.tasks.results import send_finished
 
+    if not isinstance(exception, BaseException):
         send_finished(job)
+        return
+    # The framework's task_finished logging reads sys.exc_info() (logger.exception on
+    # the backport), as its own backends send the signal inside their ``except``: raise
+    # the task's exception again so that the log line, and error trackers hooked to
+    # logging, carry it instead of "NoneType: None". Re-raising adds this frame to its
+    # traceback and may set its context; both are put back.
+    traceback, context = exception.__traceback__, exception.__context__
+    try:
+        raise exception
+    except BaseException:
+        send_finished(job)
+    finally:
+        exception.__traceback__, exception.__context__ = traceback, context
 
 
 def connect_signals() -> None:

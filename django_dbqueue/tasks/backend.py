@@ -13,14 +13,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar, cast
 
 from django.apps import apps
 from django.core import checks
 from django.db import router, transaction
 
 from django_dbqueue.conf import settings
-from django_dbqueue.exceptions import InvalidJob, TaskNotFound
+from django_dbqueue.exceptions import InvalidJob, InvalidJobArguments, TaskNotFound
 from django_dbqueue.registry import resolve
 from django_dbqueue.tasks.compat import (
     BaseTaskBackend,
@@ -29,6 +29,7 @@ from django_dbqueue.tasks.compat import (
     Task,
     TaskResult,
     TaskResultDoesNotExist,
+    normalize_json,
     task_enqueued,
 )
 
@@ -144,13 +145,15 @@ class DBQueueBackend(BaseTaskBackend):
             args,
             kwargs,
             queue=task.queue_name,
-            priority=task.priority,
+            # The framework allows any whole number (5.0 included); the column is an integer.
+            priority=int(task.priority),
             run_after=task.run_after,
             backend=self.alias,
             **options,
         )
 
-    def _check_importable(self, task: Task[..., Any]) -> None:
+    def _declared(self, task: Task[..., Any]) -> Task[..., Any]:
+        """The Task that workers will find under ``task``'s module path."""
         # Workers find the task by its module path: that name must be this Task (a
         # function decorated under another name would run without the framework).
         try:
@@ -163,6 +166,7 @@ class DBQueueBackend(BaseTaskBackend):
                 "task there. Apply @task to a module-level function and keep its name: "
                 "def send_mail(...) decorated with @task, not send = task(send_mail)."
             )
+        return target
 
     # -- enqueue and results ----------------------------------------------------------
 
@@ -171,19 +175,28 @@ class DBQueueBackend(BaseTaskBackend):
     ) -> TaskResult[P, T]:
         """Insert the job; the task is visible to workers once the transaction commits.
 
-        Arguments that are not JSON raise :class:`~django_dbqueue.exceptions.InvalidJob`.
-        ``task_enqueued`` is sent on commit too, and not at all for a ``unique_key``
-        that is already taken (the existing job's result is returned then).
+        An invalid task raises the framework's ``InvalidTask`` (``InvalidTaskError`` on
+        the backport), whatever setting refuses it; arguments that are not JSON raise
+        :class:`~django_dbqueue.exceptions.InvalidJobArguments`, a ``TypeError`` as the
+        framework documents. ``task_enqueued`` is sent on commit too, and not at all for
+        a ``unique_key`` that is already taken (the existing job's result is returned).
         """
         from django_dbqueue.enqueueing import save_job
         from django_dbqueue.models import Job
+        from django_dbqueue.tasks.options import options_to_store
         from django_dbqueue.tasks.results import task_result_from_job
 
         self._validate_for_framework(task)
-        self._check_importable(task)
-        # The task's options were checked when it was declared (validate_task), so what
-        # fails here is the arguments: InvalidJob, as from django_dbqueue.enqueue().
-        job = self._build_job(task, args, kwargs)
+        declared = self._declared(task)
+        args, kwargs = _json_arguments(task, args, kwargs)
+        try:
+            job = self._build_job(task, args, kwargs)
+        except InvalidJobArguments:
+            raise
+        except InvalidJob as exc:
+            # Valid when declared, refused now: a settings change (a queue removed...).
+            raise InvalidTask(f"Task {task.module_path}: {exc}") from None
+        job.task_options = options_to_store(task, declared)
         job, created = save_job(job)
         result: TaskResult[Any, Any] = task_result_from_job(job, task if created else None)
         if created:
@@ -208,7 +221,13 @@ class DBQueueBackend(BaseTaskBackend):
             ) from None
         except Job.DoesNotExist:
             raise TaskResultDoesNotExist(f"No task result (job) with id {result_id}.") from None
-        return task_result_from_job(job)
+        try:
+            return task_result_from_job(job)
+        except TaskNotFound as exc:
+            raise TaskResultDoesNotExist(
+                f"Job {job.pk} ran the task {job.task}, which no longer imports, so there is "
+                f"no Task to read it as ({exc}); read it with django_dbqueue.models.Job."
+            ) from None
 
     # -- system checks ----------------------------------------------------------------
 
@@ -236,3 +255,17 @@ class DBQueueBackend(BaseTaskBackend):
                     )
                 )
         return messages
+
+
+def _json_arguments(
+    task: Task[..., Any], args: Sequence[Any], kwargs: dict[str, Any]
+) -> tuple[list[Any], dict[str, Any]]:
+    """The arguments as the framework normalizes them (tuples to lists, bytes to str)."""
+    try:
+        normalized = (normalize_json(list(args)), normalize_json(dict(kwargs)))
+    except (TypeError, ValueError) as exc:
+        raise InvalidJobArguments(
+            f"Arguments of task {task.module_path} must be JSON-serializable (str, int, "
+            f"float, bool, None, list, dict): {exc}. Pass ids or plain data instead of objects."
+        ) from None
+    return cast("tuple[list[Any], dict[str, Any]]", normalized)

@@ -20,8 +20,14 @@ if TYPE_CHECKING or find_spec("django.tasks") is not None:
         Task,
         TaskError,
     )
-    from django.tasks.exceptions import InvalidTask, InvalidTaskBackend, TaskResultDoesNotExist
+    from django.tasks.exceptions import (
+        InvalidTask,
+        InvalidTaskBackend,
+        TaskResultDoesNotExist,
+        TaskResultMismatch,
+    )
     from django.tasks.signals import task_enqueued, task_finished, task_started
+    from django.utils.json import normalize_json
 
     FRAMEWORK_MODULE = "django.tasks"
 elif find_spec("django_tasks") is None:
@@ -41,8 +47,9 @@ else:  # Django 5.2 with the backport
     )
     from django_tasks.exceptions import InvalidTaskBackendError as InvalidTaskBackend
     from django_tasks.exceptions import InvalidTaskError as InvalidTask
-    from django_tasks.exceptions import TaskResultDoesNotExist
+    from django_tasks.exceptions import TaskResultDoesNotExist, TaskResultMismatch
     from django_tasks.signals import task_enqueued, task_finished, task_started
+    from django_tasks.utils import normalize_json
 
     FRAMEWORK_MODULE = "django_tasks"
 
@@ -72,7 +79,9 @@ __all__ = [
     "TaskError",
     "TaskResult",
     "TaskResultDoesNotExist",
+    "TaskResultMismatch",
     "TaskResultStatus",
+    "normalize_json",
     "task",
     "task_backends",
     "task_enqueued",

@@ -9,6 +9,7 @@ from ``Job.errors`` (one per failed attempt), ``worker_ids`` from ``Job.owner`` 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -27,10 +28,12 @@ from django_dbqueue.tasks.compat import (
     TaskResult,
     TaskResultDoesNotExist,
     TaskResultStatus,
+    normalize_json,
     task_backends,
     task_finished,
     task_started,
 )
+from django_dbqueue.tasks.options import rebuild, stored_options
 
 if TYPE_CHECKING:
     from django_dbqueue.models import Job
@@ -47,7 +50,7 @@ STATUS_MAP: dict[str, TaskResultStatus] = {
 
 
 def task_of_job(job: Job, target: object = None) -> Task[..., Any]:
-    """The Task a job runs, with the options stored on the job (priority, queue...).
+    """The Task a job runs: for a job enqueued through the Tasks API, the Task enqueued.
 
     ``target`` is what ``job.task`` resolves to, when the caller has it already.
     Raises TaskResultDoesNotExist when the job runs a plain function, and TaskNotFound
@@ -63,7 +66,10 @@ def task_of_job(job: Job, target: object = None) -> Task[..., Any]:
     changes: dict[str, Any] = {"priority": job.priority, "queue_name": job.queue}
     if job.backend:
         changes["backend"] = job.backend
-    # A job's run_after is its enqueue time unless it was deferred (or is waiting to retry).
+        changes.update(stored_options(job))
+        return rebuild(target, changes)
+    # django_dbqueue.enqueue() given a Task object: the options are enqueue()'s, in the
+    # columns. A job's run_after is its enqueue time unless it was deferred.
     changes["run_after"] = job.run_after if job.run_after > job.created_at else None
     if isinstance(target, DBQueueTask):
         changes.update(
@@ -73,8 +79,7 @@ def task_of_job(job: Job, target: object = None) -> Task[..., Any]:
             unique_key=job.unique_key,
         )
     try:
-        # replace() re-validates against the backend: a job enqueued before a settings
-        # change must still be readable, so fall back to the task as declared.
+        # Options the framework refuses (a priority of 500...) leave the task as declared.
         return dataclasses.replace(target, **changes)
     except (InvalidTask, InvalidTaskBackend):
         return target
@@ -119,7 +124,12 @@ def backend_class(alias: str) -> type[BaseTaskBackend]:
 
 
 def run_task(target: object, job: Job) -> Any:
-    """Run one attempt of the Task ``target`` for ``job``; the worker's call_job() calls it."""
+    """Run one attempt of the Task ``target`` for ``job``; the worker's call_job() calls it.
+
+    Returns the value as the framework normalizes it (tuples to lists, bytes to str). A
+    value that cannot be stored raises a plain ``TypeError``, recorded as that, as the
+    framework's own backends record it.
+    """
     task = task_of_job(job, target)
     if job.started_at is None:
         job.started_at = timezone.now()
@@ -127,8 +137,16 @@ def run_task(target: object, job: Job) -> Any:
     task_started.send(backend_class(result.backend), task_result=result)
     args, kwargs = list(job.args or []), dict(job.kwargs or {})
     if task.takes_context:
-        return task.call(TaskContext(task_result=result), *args, **kwargs)
-    return task.call(*args, **kwargs)
+        value = task.call(TaskContext(task_result=result), *args, **kwargs)
+    else:
+        value = task.call(*args, **kwargs)
+    try:
+        return json.loads(json.dumps(normalize_json(value), allow_nan=False))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"Task {task.module_path} returned {type(value).__name__}, which cannot be stored "
+            f"as JSON ({exc}); return plain data (or None) from tasks."
+        ) from None
 
 
 def send_finished(job: Job) -> None:

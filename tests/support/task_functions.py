@@ -5,10 +5,18 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 from django_dbqueue.tasks.compat import TaskContext, task
 from testproject.models import Execution
+
+T = TypeVar("T")
+
+
+def with_options(declared: T, **options: Any) -> T:
+    """``declared.using(**options)``: Django 6.0's @task passes on no backend options."""
+    with_them: T = declared.using(**options)  # type: ignore[attr-defined]
+    return with_them
 
 
 @task
@@ -47,9 +55,12 @@ async def async_add(a: int, b: int) -> int:
     return a + b
 
 
-@task(max_attempts=1, timeout=0.5)
+@task
 def too_slow(seconds: float) -> None:
     time.sleep(seconds)
+
+
+too_slow = with_options(too_slow, max_attempts=1, timeout=0.5)
 
 
 def _helper() -> int:
@@ -60,6 +71,9 @@ def _helper() -> int:
 renamed = task(_helper)
 
 
-@task(max_attempts=1, timeout=0.3)
+@task
 async def async_too_slow(seconds: float) -> None:
     await asyncio.sleep(seconds)
+
+
+async_too_slow = with_options(async_too_slow, max_attempts=1, timeout=0.3)
