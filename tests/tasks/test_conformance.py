@@ -408,6 +408,7 @@ def test_finished_signal_of_a_failure_is_sent_with_the_exception_in_hand(
     runner.run()
     [finished] = [entry for entry in signals_seen if entry[0] == "finished"]
     _, sender, task_result, handling = finished
+    assert sender is type(runner.backend)
     assert task_result.id == result.id and task_result.status == TaskResultStatus.FAILED
     assert isinstance(handling, ValueError) and str(handling) == "in hand"
 
@@ -552,7 +553,7 @@ if hasattr(Task, "__reduce__") and "_reconstruct" in vars(Task):  # Django 6.1+
 
     def test_task_pickles_to_an_equal_task(runner: Runner) -> None:
         enqueued = using(tasks.echo, priority=4, queue_name="emails", max_attempts=2)
-        assert pickle.loads(pickle.dumps(enqueued)) == enqueued  # noqa: S301 - our own bytes
+        assert pickle.loads(pickle.dumps(enqueued)) == enqueued
 
 
 # -- DBQueueBackend only: its enqueue() and what the framework's backends cannot have --------
@@ -680,4 +681,5 @@ def test_task_that_no_longer_imports_fails_with_an_import_error(
     with pytest.raises(TaskResultDoesNotExist, match="no longer imports"):
         task_backends["default"].get_result(result.id)
     stored = Job.objects.get(pk=int(result.id)).errors[0]["exception_class_path"]
-    assert issubclass(TaskError(exception_class_path=stored, traceback="").exception_class, ImportError)
+    recorded = TaskError(exception_class_path=stored, traceback="")
+    assert issubclass(recorded.exception_class, ImportError)
