@@ -15,4 +15,4 @@ class DBQueueConfig(AppConfig):
         checks.register()
         signals.jobs_enqueued.connect(wakeup.on_jobs_enqueued, dispatch_uid="django_dbqueue.wakeup")
         if tasks.framework_available():
-            tasks.connect_signals()
+            tasks.ready()

@@ -6,8 +6,11 @@ Nothing here is imported unless the project uses Django Tasks: the framework may
 
 from __future__ import annotations
 
+from importlib import import_module
 from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
+
+from django.conf import settings as django_settings
 
 from django_dbqueue import signals
 
@@ -54,7 +57,35 @@ def on_job_failed(
         exception.__traceback__, exception.__context__ = traceback, context
 
 
+def ready() -> None:
+    """Wire the Tasks room into the app; AppConfig.ready() calls this when the framework
+    is installed."""
+    connect_signals()
+    register_framework_checks()
+
+
 def connect_signals() -> None:
-    """Bridge the queue's signals to the framework's; AppConfig.ready() calls this."""
+    """Bridge the queue's signals to the framework's."""
     signals.job_finished.connect(on_job_finished, dispatch_uid="django_dbqueue.task_finished.done")
     signals.job_failed.connect(on_job_failed, dispatch_uid="django_dbqueue.task_finished.failed")
+
+
+def register_framework_checks() -> None:
+    """Make ``manage.py check`` run the Tasks backends' checks (DBQueueBackend's among them).
+
+    Django 6 registers them when ``django.tasks`` is first imported, which nothing does at
+    startup unless the project's own code happens to; the backport registers them when
+    its app is ready, if it is in INSTALLED_APPS. Only projects that configure this
+    backend get the import. Registering twice is harmless: the registry is a set.
+    """
+    configured = getattr(django_settings, "TASKS", None) or {}
+    if not any(
+        str(entry.get("BACKEND", "")).startswith("django_dbqueue.")
+        for entry in configured.values()
+        if isinstance(entry, dict)
+    ):
+        return
+    if find_spec("django.tasks") is not None:
+        import_module("django.tasks")
+    else:
+        import_module("django_tasks.checks")

@@ -643,6 +643,33 @@ def test_run_jobs_gives_back_the_enqueued_task(
     assert fetched.return_value["task"]["run_after"] == enqueued.run_after.isoformat()  # type: ignore[union-attr]
 
 
+@pytest.mark.processes
+@pytest.mark.parametrize("framework_app", ["listed", "not listed"])
+def test_manage_py_check_runs_the_backend_checks(
+    processes: Processes,
+    worker_env: Callable[..., dict[str, str]],
+    tmp_path: Path,
+    framework_app: str,
+) -> None:
+    # Nothing at startup imports django.tasks (Django 6), and the backport registers its
+    # checks only as an installed app: the app makes sure they run all the same.
+    settings_source = f"""
+        from testproject.settings import *  # noqa: F403
+
+        TASKS = {{"default": {{"BACKEND": "{DBQUEUE}", "QUEUES": ["default", "ghosts"]}}}}
+        if {framework_app == "not listed"}:
+            INSTALLED_APPS = [app for app in INSTALLED_APPS if app != "django_tasks"]
+    """
+    (tmp_path / "ghost_settings.py").write_text(textwrap.dedent(settings_source))
+    env = worker_env()
+    env["PYTHONPATH"] = str(tmp_path)
+    env["DJANGO_SETTINGS_MODULE"] = "ghost_settings"
+    proc = processes.start("check", env=env)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode != 0, out
+    assert "django_dbqueue.E202" in out and "ghosts" in out
+
+
 @contextmanager
 def module_only_here(tmp_path: Path, name: str, source: str) -> Iterator[Any]:
     """A module this process imports and a worker process cannot (code since deployed away)."""
