@@ -78,8 +78,8 @@ def register_framework_checks() -> None:
     its app is ready, if it is in INSTALLED_APPS. Only projects that configure this
     backend get the import. Registering twice is harmless: the registry is a set.
     """
-    configured = getattr(django_settings, "TASKS", None) or {}
-    if not any(
+    configured = getattr(django_settings, "TASKS", None)
+    if not isinstance(configured, dict) or not any(
         str(entry.get("BACKEND", "")).startswith("django_dbqueue.")
         for entry in configured.values()
         if isinstance(entry, dict)

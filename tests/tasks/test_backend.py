@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
+import django
 import pytest
 from asgiref.sync import async_to_sync
 from django.core.checks import Error
@@ -23,6 +24,7 @@ from django_dbqueue.tasks.compat import (
     TaskResult,
     TaskResultDoesNotExist,
     TaskResultStatus,
+    task,
     task_backends,
     task_enqueued,
     task_finished,
@@ -30,7 +32,7 @@ from django_dbqueue.tasks.compat import (
 )
 from django_dbqueue.worker.loop import Worker
 from testproject.models import Execution
-from tests.support import Processes, jobs, task_functions
+from tests.support import Processes, conformance_tasks, jobs, task_functions
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -346,6 +348,20 @@ def test_bad_options_are_refused_when_declared() -> None:
     with pytest.raises(InvalidTask, match="run_after must be an aware datetime"):
         task_functions.add.using(run_after=timezone.now().replace(tzinfo=None))
     assert not Job.objects.exists()
+
+
+def test_task_decorator_passes_the_backend_options_where_the_framework_does() -> None:
+    def declare() -> Any:
+        return task(max_attempts=2, timeout=5.0, unique_key="k")(conformance_tasks.without_context)
+
+    if FRAMEWORK_MODULE == "django.tasks" and django.VERSION[:2] == (6, 0):
+        # Django 6.0's @task takes no options but its own: .using() it is (docs/tasks.md).
+        with pytest.raises(TypeError, match="max_attempts"):
+            declare()
+        return
+    declared = declare()
+    assert isinstance(declared, DBQueueTask)
+    assert (declared.max_attempts, declared.timeout, declared.unique_key) == (2, 5.0, "k")
 
 
 def test_enqueue_refuses_non_json_arguments() -> None:

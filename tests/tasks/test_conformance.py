@@ -208,6 +208,8 @@ def test_get_result_where_supported(runner: Runner) -> None:
             runner.backend.get_result(result.id)
         with pytest.raises(NotImplementedError):
             tasks.echo.get_result(result.id)
+        with pytest.raises(NotImplementedError):
+            result.refresh()
         return
     fetched = tasks.echo.get_result(result.id)
     assert (fetched.id, fetched.status, fetched.return_value) == (
@@ -215,8 +217,11 @@ def test_get_result_where_supported(runner: Runner) -> None:
         TaskResultStatus.SUCCESSFUL,
         {"args": [1], "kwargs": {}},
     )
+    assert async_to_sync(tasks.echo.aget_result)(result.id).id == result.id
     with pytest.raises(TaskResultMismatch):
         tasks.fail.get_result(result.id)
+    with pytest.raises(TaskResultMismatch):
+        async_to_sync(tasks.fail.aget_result)(result.id)
     with pytest.raises(TaskResultDoesNotExist):
         runner.backend.get_result("123456789")
 
@@ -365,6 +370,9 @@ def test_result_task_is_the_enqueued_task(runner: Runner, variant: str) -> None:
     runner.run()
     finished = runner.read(result)
     assert finished.task == enqueued
+    assert finished.backend == enqueued.backend
+    waits = enqueued.run_after is not None and enqueued.run_after > timezone.now()
+    assert finished.status == (TaskResultStatus.READY if waits else TaskResultStatus.SUCCESSFUL)
     if runner.backend.supports_get_result:
         result.refresh()
     assert result.task == enqueued
