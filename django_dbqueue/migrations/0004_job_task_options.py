@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_dbqueue', '0002_rename_worker_workerprocess'),
+        ('django_dbqueue', '0003_scheduling'),
     ]
 
     operations = [
