@@ -24,6 +24,7 @@ from typing import Any, cast
 import pytest
 from asgiref.sync import async_to_sync
 from django.conf import settings as django_settings
+from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -562,6 +563,37 @@ if hasattr(Task, "__reduce__") and "_reconstruct" in vars(Task):  # Django 6.1+
     def test_task_pickles_to_an_equal_task(runner: Runner) -> None:
         enqueued = using(tasks.echo, priority=4, queue_name="emails", max_attempts=2)
         assert pickle.loads(pickle.dumps(enqueued)) == enqueued
+
+
+# -- differences docs/tasks.md lists, asserted so that the list stays true -----------------
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "infinity"])
+def test_non_finite_float_argument(runner: Runner, value: float) -> None:
+    if runner.is_dbqueue:
+        with pytest.raises(InvalidJobArguments):
+            tasks.echo.enqueue(value)
+        return
+    result = tasks.echo.enqueue(value)
+    assert result.status == TaskResultStatus.SUCCESSFUL
+
+
+def test_dictionary_keys_that_are_not_strings(runner: Runner) -> None:
+    result = tasks.echo.enqueue({1: "a"})
+    runner.run()
+    received = runner.read(result).return_value["args"][0]
+    assert received == ({"1": "a"} if runner.is_dbqueue else {1: "a"})
+
+
+def test_task_enqueued_inside_a_transaction(
+    runner: Runner,
+    signals_seen: list[tuple[str, type, TaskResult[Any, Any], BaseException | None]],
+) -> None:
+    with transaction.atomic():
+        tasks.echo.enqueue()
+        sent_inside = [name for name, *_ in signals_seen]
+    assert sent_inside == ([] if runner.is_dbqueue else ["enqueued", "started", "finished"])
+    assert [name for name, *_ in signals_seen][:1] == ["enqueued"], "sent on commit"
 
 
 # -- DBQueueBackend only: its enqueue() and what the framework's backends cannot have --------
