@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from django.core import checks
 
-from django_dbqueue.conf import settings
+from django_dbqueue.conf import DEFAULTS, settings
+
+HEARTBEATS_PER_LEASE = 3
 
 
 def check_queue_settings(**kwargs: Any) -> list[checks.CheckMessage]:
@@ -34,15 +37,43 @@ def check_queue_settings(**kwargs: Any) -> list[checks.CheckMessage]:
             )
         )
     lease, beat = settings.LEASE_TIMEOUT, settings.HEARTBEAT_INTERVAL
-    if float(beat) * 2 > float(lease):
+    # Three heartbeats per lease: one late heartbeat (a slow write, a retried connection)
+    # must not let a live worker's job expire and run a second time elsewhere.
+    if float(beat) * HEARTBEATS_PER_LEASE > float(lease) * (1 + 1e-9):
         errors.append(
             checks.Error(
-                f"DBQUEUE['HEARTBEAT_INTERVAL'] ({beat}) must be at most half of "
-                f"DBQUEUE['LEASE_TIMEOUT'] ({lease}), or live workers lose their jobs.",
-                hint="Keep LEASE_TIMEOUT at least 3x HEARTBEAT_INTERVAL.",
+                f"DBQUEUE['HEARTBEAT_INTERVAL'] ({beat}) must be at most a third of "
+                f"DBQUEUE['LEASE_TIMEOUT'] ({lease}), or a live worker whose heartbeat is "
+                "late loses its jobs to another worker.",
+                hint=f"Set LEASE_TIMEOUT to at least 3x HEARTBEAT_INTERVAL "
+                f"({float(beat) * HEARTBEATS_PER_LEASE:g} or more), or lower HEARTBEAT_INTERVAL.",
                 id="django_dbqueue.E003",
             )
         )
+    return errors
+
+
+def check_setting_names(**kwargs: Any) -> list[checks.CheckMessage]:
+    """Every key of ``DBQUEUE`` must be a known setting: a misspelled one would be ignored."""
+    from django.conf import settings as django_settings
+
+    user = getattr(django_settings, "DBQUEUE", None) or {}
+    if not isinstance(user, dict):
+        return []  # the other checks and every setting read report this
+    errors: list[checks.CheckMessage] = []
+    for key in user:
+        if key in DEFAULTS:
+            continue
+        close = difflib.get_close_matches(str(key).upper(), DEFAULTS, n=1, cutoff=0.6)
+        if close:
+            message = (
+                f"DBQUEUE[{key!r}] is not a django-dbqueue setting; did you mean {close[0]!r}?"
+            )
+            hint = f"Rename {key!r} to {close[0]!r}: an unknown key is ignored."
+        else:
+            message = f"DBQUEUE[{key!r}] is not a django-dbqueue setting."
+            hint = "The settings are: " + ", ".join(DEFAULTS) + "."
+        errors.append(checks.Error(message, hint=hint, id="django_dbqueue.E004"))
     return errors
 
 
@@ -94,7 +125,35 @@ def check_lock_settings(**kwargs: Any) -> list[checks.CheckMessage]:
                     id="django_dbqueue.E103",
                 )
             )
+    alias = settings.LOCK_DATABASE_ALIAS
+    database_locks = alias in connections and (
+        connections[alias].vendor == DATABASE_LOCK_VENDORS.get(backend, "")
+        or (backend is None and connections[alias].vendor in DATABASE_LOCK_VENDORS.values())
+    )
+    if database_locks:
+        errors.extend(check_counter_database(alias))
     return errors
+
+
+def check_counter_database(alias: str) -> list[checks.CheckMessage]:
+    """Database locks write fencing tokens to ``dbqueue_counter`` on their own connection:
+    a router that keeps the app's tables in another database leaves them without it."""
+    from django.db import router
+
+    from django_dbqueue.models import Counter
+
+    if router.allow_migrate_model(alias, Counter):
+        return []
+    return [
+        checks.Warning(
+            f"DBQUEUE['LOCK_DATABASE_ALIAS'] is {alias!r}, but the database router keeps "
+            "django_dbqueue's tables out of it: named_lock(fencing=True) needs the "
+            "dbqueue_counter table in that database.",
+            hint=f"Set LOCK_DATABASE_ALIAS to {router.db_for_write(Counter)!r}, the database "
+            "of the queue's tables (see docs/databases.md).",
+            id="django_dbqueue.W102",
+        )
+    ]
 
 
 def check_redis_alias(caches: dict[str, Any], alias: str) -> list[checks.CheckMessage]:
@@ -145,6 +204,7 @@ def register() -> None:
     """Register the checks (AppConfig.ready() calls this once)."""
     from django_dbqueue.scheduling.checks import check_schedules
 
+    checks.register(check_setting_names, "django_dbqueue")
     checks.register(check_queue_settings, "django_dbqueue")
     checks.register(check_lock_settings, "django_dbqueue")
     checks.register(check_schedules, "django_dbqueue")

@@ -57,6 +57,11 @@ class LockError(DBQueueError):
     """Base class for named-lock errors."""
 
 
+class LockConfigurationError(LockError):
+    """The settings name a lock backend that cannot work here (for example a Redis lock
+    backend whose cache alias is not a django-redis cache)."""
+
+
 class LockNotAcquired(LockError):
     """The lock is held by someone else (or all ``limit`` slots are taken) and waiting
     was not allowed or ran past ``blocking_timeout``."""

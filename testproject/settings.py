@@ -66,6 +66,7 @@ DB_NAME = os.environ.get("DBQUEUE_DB_NAME", "")
 # Lets two test runs share one server (parallel checkouts): each names its test database.
 TEST_DB_NAME = os.environ.get("DBQUEUE_TEST_DB_NAME") or None
 
+DATABASES: dict[str, dict[str, Any]]
 if DB_VENDOR == "sqlite":
     sqlite_path = DB_NAME or str(BASE_DIR / "demo.sqlite3")
     DATABASES = {
@@ -113,6 +114,21 @@ elif DB_VENDOR == "postgres":
 else:
     raise RuntimeError(f"DBQUEUE_DB must be sqlite, mysql or postgres, not {DB_VENDOR!r}")
 
+# DBQUEUE_QUEUE_DB=1: the queue's tables move to a second database, "queue", on the same
+# server (docs/databases.md); DBQUEUE_QUEUE_DB_NAME names it as DBQUEUE_DB_NAME does the first.
+QUEUE_DB = os.environ.get("DBQUEUE_QUEUE_DB", "") == "1"
+if QUEUE_DB:
+    QUEUE_DB_NAME = os.environ.get("DBQUEUE_QUEUE_DB_NAME", "")
+    queue_test = dict(DATABASES["default"]["TEST"])
+    if DB_VENDOR == "sqlite":
+        queue_name = QUEUE_DB_NAME or str(BASE_DIR / "demo-queue.sqlite3")
+        queue_test["NAME"] = str(BASE_DIR / ".test-db-queue.sqlite3")
+    else:
+        queue_name = QUEUE_DB_NAME or "dbqueue_queue"
+        queue_test["NAME"] = f"{TEST_DB_NAME}_queue" if TEST_DB_NAME else None
+    DATABASES["queue"] = {**DATABASES["default"], "NAME": queue_name, "TEST": queue_test}
+    DATABASE_ROUTERS = ["testproject.routers.QueueRouter"]
+
 REDIS_URL = os.environ.get("DBQUEUE_REDIS_URL", "redis://127.0.0.1:6379/0")
 CACHES: dict[str, dict[str, Any]] = {
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
@@ -129,6 +145,9 @@ DBQUEUE: dict[str, Any] = {
     "QUEUES": ["default", "emails", "reports"],
     "LOCK_REDIS_ALIAS": "redis",
 }
+if QUEUE_DB:
+    # Database locks beside the queue: their fencing tokens live in dbqueue_counter.
+    DBQUEUE["LOCK_DATABASE_ALIAS"] = "queue"
 
 # @task functions (Django Tasks) go through the same Job table and run_jobs workers.
 TASKS = {"default": {"BACKEND": "django_dbqueue.backends.DBQueueBackend"}}

@@ -8,16 +8,20 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from tests.support import CURRENT_DB, CURRENT_VENDOR, Processes
+from tests.support import CURRENT_DB, CURRENT_VENDOR, SECOND_DATABASE, Processes
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselect (not skip) tests marked ``only_vendor(...)`` for another database run."""
+    """Deselect (not skip) tests marked ``only_vendor(...)`` for another database run, and
+    keep ``second_database`` tests and the others apart: only the former run (and all of
+    them run) with DBQUEUE_QUEUE_DB=1, when a router moves the queue's tables away."""
     keep, drop = [], []
     for item in items:
         marker = item.get_closest_marker("only_vendor")
         wanted = set(marker.args) if marker is not None else set()
-        (keep if marker is None or wanted & {CURRENT_VENDOR, CURRENT_DB} else drop).append(item)
+        right_vendor = marker is None or bool(wanted & {CURRENT_VENDOR, CURRENT_DB})
+        right_run = (item.get_closest_marker("second_database") is not None) == SECOND_DATABASE
+        (keep if right_vendor and right_run else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep

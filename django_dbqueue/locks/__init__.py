@@ -2,6 +2,7 @@
 shared wrap-around counter. See docs/locks.md."""
 
 from django_dbqueue.exceptions import (
+    LockConfigurationError,
     LockError,
     LockLost,
     LockNotAcquired,
@@ -15,6 +16,7 @@ from django_dbqueue.locks.named import get_backend, named_lock
 
 __all__ = [
     "BaseLock",
+    "LockConfigurationError",
     "LockError",
     "LockLost",
     "LockNotAcquired",

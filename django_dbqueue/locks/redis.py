@@ -15,9 +15,16 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from django.conf import settings as django_settings
+from django.core.cache import InvalidCacheBackendError
+from django.db import connections
+
 from django_dbqueue.conf import settings
+from django_dbqueue.exceptions import LockConfigurationError
 from django_dbqueue.locks.base import BaseLock
 from django_dbqueue.locks.names import encode
+
+REDIS_CACHE_BACKEND = "django_redis.cache.RedisCache"
 
 # Milliseconds of Redis server time, for the semaphore's expiry scores.
 _NOW = """
@@ -98,9 +105,40 @@ return ARGV[1]
 
 def redis_client(alias: str | None = None) -> Any:
     """The redis-py client behind the django-redis cache ``alias``."""
-    from django_redis import get_redis_connection
+    name = alias or settings.LOCK_REDIS_ALIAS
+    try:
+        from django_redis import get_redis_connection
+    except ImportError:
+        raise LockConfigurationError(
+            'Redis locks need django-redis (pip install "django-dbqueue[redis]")'
+            + other_backend_advice()
+        ) from None
+    try:
+        return get_redis_connection(name)
+    except (NotImplementedError, InvalidCacheBackendError):
+        # django-redis says only "This backend does not support this feature".
+        source = f"using={name!r}" if alias else f"DBQUEUE['LOCK_REDIS_ALIAS'] is {name!r}"
+        config = django_settings.CACHES.get(name)
+        if config is None:
+            problem = f"{source} and CACHES has no {name!r}: add CACHES[{name!r}]"
+        else:
+            problem = (
+                f"{source}, whose BACKEND is {config.get('BACKEND')!r}: point it at a cache"
+            )
+        raise LockConfigurationError(
+            f"Redis locks need a django-redis cache, but {problem} with BACKEND "
+            f"{REDIS_CACHE_BACKEND!r}" + other_backend_advice()
+        ) from None
 
-    return get_redis_connection(alias or settings.LOCK_REDIS_ALIAS)
+
+def other_backend_advice() -> str:
+    """The end of a configuration error: the lock database's own locks, where it has some."""
+    alias = settings.LOCK_DATABASE_ALIAS
+    vendor = connections[alias].vendor if alias in connections else "not configured"
+    own = {"mysql": "mysql", "postgresql": "postgres"}.get(vendor)
+    if own:
+        return f", or set DBQUEUE['LOCK_BACKEND'] to {own!r} (database {alias!r}'s own locks)."
+    return f" (database {alias!r} is {vendor}, which has no locks of its own)."
 
 
 def redis_key(kind: str, name: str) -> bytes:

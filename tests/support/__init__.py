@@ -14,6 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 VENDORS = {"sqlite": "sqlite", "mysql": "mysql", "postgres": "postgresql"}
 CURRENT_DB = os.environ.get("DBQUEUE_DB", "sqlite")
 CURRENT_VENDOR = VENDORS[CURRENT_DB]
+# DBQUEUE_QUEUE_DB=1: testproject routes the queue's tables to a second database, "queue".
+SECOND_DATABASE = os.environ.get("DBQUEUE_QUEUE_DB", "") == "1"
 
 
 class Processes:

@@ -7,8 +7,11 @@ import logging
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import router
 
 from django_dbqueue.conf import settings
+from django_dbqueue.models import Job
+from django_dbqueue.queue.schema import schema_problem
 from django_dbqueue.worker.loop import Worker
 from django_dbqueue.worker.progress import Progress
 from django_dbqueue.worker.supervisor import Supervisor
@@ -86,6 +89,9 @@ class Command(BaseCommand):
                 f"Unknown queue(s): {', '.join(unknown)}. Known: {', '.join(settings.QUEUES)} "
                 "(DBQUEUE['QUEUES'])."
             )
+        problem = schema_problem(router.db_for_write(Job))
+        if problem:
+            raise CommandError(problem)
         verbosity = int(options["verbosity"])
         if verbosity >= 2:
             logging.getLogger("django_dbqueue").setLevel(logging.DEBUG)
