@@ -137,7 +137,9 @@ def other_backend_advice() -> str:
     vendor = connections[alias].vendor if alias in connections else "not configured"
     own = {"mysql": "mysql", "postgresql": "postgres"}.get(vendor)
     if own:
-        return f", or set DBQUEUE['LOCK_BACKEND'] to {own!r} (database {alias!r}'s own locks)."
+        return (
+            f", or set DBQUEUE['LOCK_BACKEND'] to {own!r} to use the locks of database {alias!r}."
+        )
     return f" (database {alias!r} is {vendor}, which has no locks of its own)."
 
 

@@ -1,0 +1,74 @@
+"""``run_jobs`` before ``migrate`` says to run migrate, in one line, from a real process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from tests.support import Processes
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
+
+
+@pytest.fixture
+def empty_database(transactional_db: None, tmp_path: Path) -> Iterator[str]:
+    """The name of a database with nothing in it, on this run's server."""
+    if connection.vendor == "sqlite":
+        yield str(tmp_path / "empty.sqlite3")
+        return
+    name = f"{connection.settings_dict['NAME']}_empty"
+    quoted = connection.ops.quote_name(name)
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP DATABASE IF EXISTS {quoted}")
+        cursor.execute(f"CREATE DATABASE {quoted}")
+    yield name
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP DATABASE IF EXISTS {quoted}")
+
+
+@pytest.fixture
+def run(
+    processes: Processes, worker_env: Callable[..., dict[str, str]], empty_database: str
+) -> Callable[..., tuple[int, str]]:
+    """Run a manage.py command on the empty database: (exit code, output)."""
+    env = {**worker_env(), "DBQUEUE_DB_NAME": empty_database}
+
+    def run(*args: str) -> tuple[int, str]:
+        proc = processes.start(*args, env=env)
+        out, _ = proc.communicate(timeout=180)
+        return proc.returncode, out
+
+    return run
+
+
+def test_run_jobs_on_an_empty_database_says_to_migrate(run: Callable[..., tuple[int, str]]) -> None:
+    code, out = run("run_jobs", "--burst")
+    assert code == 1
+    assert out.splitlines() == [
+        "CommandError: The job tables are missing from database 'default' "
+        "(dbqueue_job, dbqueue_worker, dbqueue_counter): run `python manage.py migrate` first."
+    ]
+
+
+def test_run_jobs_with_a_migration_unapplied_says_to_migrate(
+    run: Callable[..., tuple[int, str]],
+) -> None:
+    code, out = run("migrate", "django_dbqueue", "0001", "-v0")
+    assert (code, out) == (0, "")
+    code, out = run("run_jobs", "--burst")
+    assert code == 1
+    assert out.splitlines() == [
+        "CommandError: Database 'default' has unapplied django_dbqueue migrations "
+        "(0002_rename_worker_workerprocess): run `python manage.py migrate` first."
+    ]
+
+
+def test_run_jobs_after_migrate_runs(run: Callable[..., tuple[int, str]]) -> None:
+    code, out = run("migrate", "-v0")
+    assert (code, out) == (0, "")
+    code, out = run("run_jobs", "--burst")
+    assert code == 0, out
+    assert "Finished: 0 done, 0 failed, 0 retried" in out
