@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -72,3 +73,25 @@ def test_run_jobs_after_migrate_runs(run: Callable[..., tuple[int, str]]) -> Non
     code, out = run("run_jobs", "--burst")
     assert code == 0, out
     assert "Finished: 0 done, 0 failed, 0 retried" in out
+
+
+@pytest.mark.only_vendor("mysql", "postgres")
+def test_run_jobs_on_an_unreachable_database_retries_as_before(
+    processes: Processes, worker_env: Callable[..., dict[str, str]]
+) -> None:
+    # No database of this name: the check cannot tell, so the worker's retrying takes over.
+    env = {**worker_env(), "DBQUEUE_DB_NAME": f"{connection.settings_dict['NAME']}_absent"}
+    proc = processes.run_jobs("--burst", env=env)
+    killer = threading.Timer(60, proc.kill)
+    killer.start()
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline(), proc.stdout.readline()]
+    finally:
+        proc.kill()
+        killer.cancel()
+    assert lines[0] == (
+        "Running jobs from default, emails, reports with 1 process(es), burst. Ctrl-C to stop.\n"
+    )
+    assert "database error while recording" in lines[1], lines
+    assert "_absent" in lines[1]

@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import router
+from django.db import InterfaceError, OperationalError, router
 
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Job
@@ -89,7 +89,11 @@ class Command(BaseCommand):
                 f"Unknown queue(s): {', '.join(unknown)}. Known: {', '.join(settings.QUEUES)} "
                 "(DBQUEUE['QUEUES'])."
             )
-        problem = schema_problem(router.db_for_write(Job))
+        try:
+            problem = schema_problem(router.db_for_write(Job))
+        except (OperationalError, InterfaceError):
+            # Unreachable for now: the worker retries until it is back, as it does later.
+            problem = None
         if problem:
             raise CommandError(problem)
         verbosity = int(options["verbosity"])
