@@ -6,6 +6,7 @@ models to the alias "queue". Runs alone, with DBQUEUE_QUEUE_DB=1:
 
 from __future__ import annotations
 
+import io
 import signal
 import threading
 import time
@@ -13,8 +14,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from django.apps import apps
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.core.management import call_command
 from django.db import connections, router, transaction
 from django.test import Client, override_settings
 from django.urls import reverse
@@ -22,8 +25,9 @@ from django.urls import reverse
 from django_dbqueue import enqueue, enqueue_many
 from django_dbqueue.checks import check_lock_settings
 from django_dbqueue.locks import named_lock, next_counter_value
-from django_dbqueue.models import Counter, Job, WorkerProcess
+from django_dbqueue.models import Counter, Job, QueueState, WorkerProcess
 from django_dbqueue.worker import wakeup
+from django_dbqueue.worker.loop import Worker
 from testproject.models import Execution
 from tests.support import CURRENT_VENDOR, Processes, jobs, task_functions, wait_until
 
@@ -31,7 +35,8 @@ pytestmark = [
     pytest.mark.second_database,
     pytest.mark.django_db(transaction=True, databases=["default", "queue"]),
 ]
-QUEUE_TABLES = {"dbqueue_job", "dbqueue_worker", "dbqueue_counter"}
+QUEUE_MODELS = list(apps.get_app_config("django_dbqueue").get_models())
+QUEUE_TABLES = {model._meta.db_table for model in QUEUE_MODELS}
 APP_TABLES = {"auth_user", "django_admin_log", "django_session", "testproject_execution"}
 # PostgreSQL wakes workers through LISTEN/NOTIFY; the others through Redis when configured.
 WAKE = {} if CURRENT_VENDOR == "postgresql" else {"WAKEUP_REDIS_ALIAS": "redis"}
@@ -85,7 +90,8 @@ def queue_env(worker_env: Callable[..., dict[str, str]]) -> Callable[..., dict[s
 
 
 def test_the_router_sends_the_queue_models_to_the_queue_database() -> None:
-    for model in (Job, WorkerProcess, Counter):
+    assert {Job, WorkerProcess, Counter} <= set(QUEUE_MODELS)
+    for model in QUEUE_MODELS:
         assert router.db_for_write(model) == "queue"
         assert router.db_for_read(model) == "queue"
     assert router.db_for_write(Execution) == "default"
@@ -193,6 +199,20 @@ def test_run_jobs_drains_the_queue_database(
     assert Job.objects.filter(status=Job.Status.FAILED).count() == 1
     assert Execution.objects.count() == 200, "the jobs wrote the app's rows in default"
     assert not WorkerProcess.objects.exists(), "the workers signed off in the queue database"
+
+
+def test_pausing_resuming_and_pruning_in_the_queue_database() -> None:
+    out = io.StringIO()
+    call_command("dbqueue_queue", "pause", "emails", stdout=out)
+    assert QueueState.objects.using("queue").filter(paused=True).count() == 1
+    enqueue(jobs.add, args=[1, 2], queue="emails")
+    worker = Worker(queues=["emails"], burst=True, handle_signals=False)
+    assert worker.run().processed == 0, "a paused queue is not claimed from"
+    call_command("dbqueue_queue", "resume", "emails", stdout=out)
+    assert Worker(queues=["emails"], burst=True, handle_signals=False).run().done == 1
+    call_command("prune_jobs", "--older-than", "0", stdout=out)
+    assert out.getvalue().splitlines()[-1] == "Deleted 1 finished job(s)."
+    assert job_ids_in("queue") == []
 
 
 # -- admin ---------------------------------------------------------------------------
@@ -364,9 +384,9 @@ def test_run_jobs_names_the_queue_database_to_migrate(
 
     code, out = run("run_jobs", "--burst")
     assert code == 1
+    tables = ", ".join(model._meta.db_table for model in QUEUE_MODELS)
     assert out.splitlines() == [
-        "CommandError: The job tables are missing from database 'queue' "
-        "(dbqueue_job, dbqueue_worker, dbqueue_counter): "
+        f"CommandError: The job tables are missing from database 'queue' ({tables}): "
         "run `python manage.py migrate --database queue` first."
     ]
     assert run("migrate", "--database", "queue", "-v0") == (0, "")
