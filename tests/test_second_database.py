@@ -10,6 +10,7 @@ import io
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -305,28 +306,24 @@ def test_a_lock_database_without_the_counter_table_is_reported() -> None:
 # -- wake-up -------------------------------------------------------------------------
 
 
-@pytest.fixture
-def listener() -> Iterator[wakeup.Listener]:
-    with dbqueue(**WAKE):
-        heard = wakeup.listen(["default"])
-        assert heard is not None
+def test_workers_hear_jobs_when_the_queue_database_commits() -> None:
+    # A queue of this test's own: other test runs publish on the same Redis channel.
+    queue = f"q-{uuid.uuid4().hex[:8]}"
+    with dbqueue(**WAKE, QUEUES=[*settings.DBQUEUE["QUEUES"], queue]):
+        listener = wakeup.listen([queue])
+        assert listener is not None
         try:
-            yield heard
+            if isinstance(listener, wakeup.PostgresListener):
+                assert listener.conn.info.dbname == connections["queue"].settings_dict["NAME"]
+            with transaction.atomic(using="queue"):
+                enqueue(jobs.noop, queue=queue)
+                assert not listener.wait(0.3), "nothing is sent before the queue's COMMIT"
+            assert listener.wait(5.0)
+            with transaction.atomic():
+                enqueue(jobs.noop, queue=queue)
+                assert listener.wait(5.0), "the default database's transaction does not hold it"
         finally:
-            heard.close()
-
-
-def test_workers_hear_jobs_when_the_queue_database_commits(listener: wakeup.Listener) -> None:
-    if isinstance(listener, wakeup.PostgresListener):
-        assert listener.conn.info.dbname == connections["queue"].settings_dict["NAME"]
-    with dbqueue(**WAKE):
-        with transaction.atomic(using="queue"):
-            enqueue(jobs.noop)
-            assert not listener.wait(0.3), "nothing is sent before the queue's COMMIT"
-        assert listener.wait(5.0)
-        with transaction.atomic():
-            enqueue(jobs.noop)
-            assert listener.wait(5.0), "the default database's transaction does not hold it"
+            listener.close()
 
 
 @pytest.mark.processes
