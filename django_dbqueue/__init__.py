@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+# The registry imports no models: @job works while the apps are still loading.
+from django_dbqueue.registry import job
+
 if TYPE_CHECKING:
     from django_dbqueue.models import Job
 
-__all__ = ["enqueue", "enqueue_many"]
+__all__ = ["enqueue", "enqueue_many", "job"]
 __version__ = "0.1.0"
 
 

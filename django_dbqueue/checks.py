@@ -200,11 +200,90 @@ def check_redis_alias(caches: dict[str, Any], alias: str) -> list[checks.CheckMe
     return []
 
 
+PAYLOAD_MODES = ("change", "view", "none")
+
+
+def check_task_settings(**kwargs: Any) -> list[checks.CheckMessage]:
+    """Task discovery works, registered tasks use known queues, the limits are sane."""
+    from django_dbqueue import bounds, registry
+    from django_dbqueue.exceptions import InvalidJob
+
+    errors: list[checks.CheckMessage] = []
+    modules = settings.TASK_MODULES
+    if not isinstance(modules, list | tuple) or not all(isinstance(m, str) for m in modules):
+        errors.append(
+            checks.Error(
+                "DBQUEUE['TASK_MODULES'] must be a list of module names.",
+                hint="For example DBQUEUE = {'TASK_MODULES': ['myproject.jobs']}.",
+                id="django_dbqueue.E401",
+            )
+        )
+    else:
+        try:
+            tasks = registry.all_tasks()
+        except Exception as exc:  # any error of a task module's import is the finding
+            errors.append(
+                checks.Error(
+                    f"Importing the task modules failed: {type(exc).__name__}: {exc}",
+                    hint="Workers import every installed app's tasks.py and jobs.py and the "
+                    "modules in DBQUEUE['TASK_MODULES'] when they start; fix the import.",
+                    id="django_dbqueue.E402",
+                )
+            )
+            tasks = []
+        queues = settings.QUEUES if isinstance(settings.QUEUES, list | tuple) else []
+        for entry in tasks:
+            queue = entry.defaults.get("queue")
+            if queue is not None and queue not in queues:
+                errors.append(
+                    checks.Error(
+                        f"Task {entry.path} is declared with @job(queue={queue!r}), which is "
+                        "not in DBQUEUE['QUEUES']: every enqueue of it would fail.",
+                        hint="Add the queue to DBQUEUE['QUEUES'] or change the task's queue.",
+                        id="django_dbqueue.E403",
+                    )
+                )
+    size = settings.MAX_PAYLOAD_BYTES
+    if isinstance(size, bool) or not isinstance(size, int) or size < 2:
+        errors.append(
+            checks.Error(
+                "DBQUEUE['MAX_PAYLOAD_BYTES'] must be a positive number of bytes.",
+                hint="The default is 1048576 (1 MiB); MySQL's max_allowed_packet must be larger.",
+                id="django_dbqueue.E404",
+            )
+        )
+    if settings.ADMIN_SHOW_PAYLOADS not in PAYLOAD_MODES:
+        errors.append(
+            checks.Error(
+                f"DBQUEUE['ADMIN_SHOW_PAYLOADS'] must be one of {', '.join(PAYLOAD_MODES)}.",
+                hint="'change' (the default) shows args, kwargs and results to users who may "
+                "change jobs only.",
+                id="django_dbqueue.E405",
+            )
+        )
+    for name, check in (
+        ("MAX_ATTEMPTS", bounds.check_max_attempts),
+        ("JOB_TIMEOUT", bounds.check_timeout),
+    ):
+        try:
+            check(getattr(settings, name))
+        except InvalidJob as exc:
+            errors.append(
+                checks.Error(
+                    f"DBQUEUE[{name!r}]: {exc}",
+                    hint="Every job would get this value; see docs/security.md for the limits.",
+                    id="django_dbqueue.E406",
+                )
+            )
+    return errors
+
+
 def register() -> None:
     """Register the checks (AppConfig.ready() calls this once)."""
     from django_dbqueue.scheduling.checks import check_schedules
 
     checks.register(check_setting_names, "django_dbqueue")
     checks.register(check_queue_settings, "django_dbqueue")
+    checks.register(check_task_settings, "django_dbqueue")
     checks.register(check_lock_settings, "django_dbqueue")
     checks.register(check_schedules, "django_dbqueue")

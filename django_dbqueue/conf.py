@@ -12,9 +12,18 @@ DEFAULTS: dict[str, Any] = {
     "DEFAULT_QUEUE": "default",
     "DEFAULT_PRIORITY": 0,
     "MAX_ATTEMPTS": 3,
-    # Check at enqueue time that a dotted task path imports (turn off for producers that
-    # do not have the workers' code installed).
+    # Modules that declare tasks, imported by the task discovery besides every installed
+    # app's tasks.py and jobs.py. Only registered tasks run (docs/security.md).
+    "TASK_MODULES": [],
+    # enqueue() refuses a task path its own registry does not know. Turn it off for
+    # producers that do not have the workers' code: any well-formed path is then stored,
+    # and the workers still fail the jobs whose task they do not have registered.
     "VALIDATE_TASKS": True,
+    # Largest JSON of a job's args + kwargs, in bytes (enqueue() refuses bigger ones).
+    "MAX_PAYLOAD_BYTES": 1024 * 1024,
+    # Who sees a job's args, kwargs and result in the admin: "change" (users who may
+    # change jobs), "view" (everyone who may view them) or "none". Tracebacks stay visible.
+    "ADMIN_SHOW_PAYLOADS": "change",
     # Worker
     "BATCH_SIZE": 100,
     "POLL_INTERVAL": 1.0,  # longest sleep between polls of an idle queue (seconds)

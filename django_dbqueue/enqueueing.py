@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -11,14 +12,11 @@ from typing import Any, NamedTuple
 from django.db import IntegrityError, router, transaction
 from django.utils import timezone
 
-from django_dbqueue import signals
+from django_dbqueue import bounds, signals
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import InvalidJob, InvalidJobArguments
 from django_dbqueue.models import Job
-from django_dbqueue.registry import resolve, task_path
-
-QUEUE_NAME_MAX = Job._meta.get_field("queue").max_length or 64
-PRIORITY_RANGE = (-32768, 32767)
+from django_dbqueue.registry import path_for_enqueue
 
 
 @dataclass
@@ -39,6 +37,7 @@ class Defaults(NamedTuple):
     priority: int
     max_attempts: int
     validate_tasks: bool
+    max_payload_bytes: int
 
     @classmethod
     def read(cls) -> Defaults:
@@ -48,6 +47,7 @@ class Defaults(NamedTuple):
             settings.DEFAULT_PRIORITY,
             settings.MAX_ATTEMPTS,
             bool(settings.VALIDATE_TASKS),
+            int(settings.MAX_PAYLOAD_BYTES),
         )
 
 
@@ -55,6 +55,10 @@ class Defaults(NamedTuple):
 # of the cost of building a job in enqueue_many().
 _FIELDS = [f.attname for f in Job._meta.concrete_fields]
 _DEFAULTS = {f.attname: f.get_default() for f in Job._meta.concrete_fields}
+TASK_PATH_MAX = Job._meta.get_field("task").max_length or 255
+# A NUL character, escaped in JSON text (json.dumps escapes it, as it does every
+# control character): \u0000 after an even number of backslashes.
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def new_job(values: dict[str, Any]) -> Job:
@@ -63,40 +67,47 @@ def new_job(values: dict[str, Any]) -> Job:
     return model(*[values[name] if name in values else _DEFAULTS[name] for name in _FIELDS])  # type: ignore[no-any-return]
 
 
-def _check_json(value: Any, what: str) -> Any:
-    if not value and isinstance(value, list | dict):
-        return type(value)()
+def _check_json(value: list[Any] | dict[str, Any], what: str) -> tuple[Any, int]:
+    """(the value as the job will receive it, the length of its JSON text)."""
+    if not value:
+        return type(value)(), 2
+    bounds.check_nesting(value, what)
     try:
         # Round-trip so what is stored is exactly what the job will receive
         # (tuples become lists) and NaN/Infinity, which JSON lacks, are refused.
-        return json.loads(json.dumps(value, allow_nan=False))
+        text = json.dumps(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise InvalidJobArguments(
             f"Job {what} must be JSON-serializable (str, int, float, bool, None, list, dict): "
             f"{exc}. Pass ids or plain data instead of objects."
         ) from None
+    if "\\u0000" in text and _JSON_NUL.search(text):
+        raise InvalidJob(
+            f"Job {what} contain a NUL character (\\x00), which PostgreSQL cannot store in "
+            "JSON; encode binary data (e.g. base64) before enqueueing it."
+        )
+    return json.loads(text), len(text)
 
 
 def _run_after(run_after: datetime | timedelta | float | int | None, now: datetime) -> datetime:
     if run_after is None:
         return now
     if isinstance(run_after, timedelta):
+        bounds.check_delay(run_after.total_seconds(), repr(run_after))
         return now + run_after
     if isinstance(run_after, datetime):
         if timezone.is_naive(run_after):
             raise InvalidJob("run_after must be timezone-aware (use django.utils.timezone.now()).")
+        try:
+            offset = (run_after - now).total_seconds()
+        except OverflowError:
+            offset = bounds.MAX_RUN_AFTER * 2
+        bounds.check_delay(offset, run_after.isoformat())
         return run_after
     if isinstance(run_after, int | float) and not isinstance(run_after, bool):
-        return now + timedelta(seconds=run_after)
+        delay = bounds.check_delay(bounds.seconds(run_after, "run_after"), repr(run_after))
+        return now + timedelta(seconds=delay)
     raise InvalidJob(f"run_after must be a datetime, timedelta or seconds, not {run_after!r}.")
-
-
-def _positive(value: Any, name: str, allow_none: bool = True) -> Any:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-        raise InvalidJob(f"{name} must be a positive number, not {value!r}.")
-    return value
 
 
 def build_job(
@@ -114,21 +125,30 @@ def build_job(
     backend: str = "",
     now: datetime | None = None,
     defaults: Defaults | None = None,
-    checked_paths: set[str] | None = None,
+    check_task: bool = True,
 ) -> Job:
     """Validate one job and return it unsaved. Raises InvalidJob on any bad input.
 
-    ``defaults`` and ``checked_paths`` let a caller building many jobs read the settings
-    and import each task path once.
+    ``defaults`` lets a caller building many jobs read the settings once. Options left
+    at None take the task's ``@job`` defaults, then the ``DBQUEUE`` ones. With
+    ``check_task`` off, ``task`` is a path the caller has checked itself.
     """
     now = now or timezone.now()
     defaults = defaults or Defaults.read()
-    path = task_path(task)
-    if defaults.validate_tasks and isinstance(task, str):
-        if checked_paths is None or path not in checked_paths:
-            resolve(path)
-            if checked_paths is not None:
-                checked_paths.add(path)
+    if check_task:
+        path, task_defaults = path_for_enqueue(task, defaults.validate_tasks)
+    else:
+        path, task_defaults = str(task), {}
+    if len(path) > TASK_PATH_MAX:
+        raise InvalidJob(f"a task path is at most {TASK_PATH_MAX} characters long.")
+    if task_defaults:
+        queue = task_defaults.get("queue") if queue is None else queue
+        priority = task_defaults.get("priority") if priority is None else priority
+        max_attempts = task_defaults.get("max_attempts") if max_attempts is None else max_attempts
+        timeout = task_defaults.get("timeout") if timeout is None else timeout
+        retry_backoff = (
+            task_defaults.get("retry_backoff") if retry_backoff is None else retry_backoff
+        )
     if args is None:
         args = []
     if isinstance(args, str | bytes) or not isinstance(args, Sequence):
@@ -137,54 +157,45 @@ def build_job(
         kwargs = {}
     if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
         raise InvalidJob("kwargs must be a dict with string keys.")
-    queue = defaults.queue if queue is None else queue
-    if not isinstance(queue, str) or not queue.strip():
-        raise InvalidJob("queue must be a non-empty string.")
-    if len(queue) > QUEUE_NAME_MAX:
-        raise InvalidJob(
-            f"queue name {queue[:20]!r}... is longer than {QUEUE_NAME_MAX} characters."
-        )
+    queue = bounds.check_queue_name(defaults.queue if queue is None else queue)
     if queue not in defaults.queues:
         raise InvalidJob(
             f"Unknown queue {queue!r}. Known queues: {', '.join(sorted(defaults.queues))}. "
             "Add it to DBQUEUE['QUEUES'] in your settings."
         )
-    priority = defaults.priority if priority is None else priority
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise InvalidJob(f"priority must be an integer, not {priority!r}.")
-    if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
-        raise InvalidJob(f"priority must be between {PRIORITY_RANGE[0]} and {PRIORITY_RANGE[1]}.")
-    if max_attempts is None:
-        max_attempts = defaults.max_attempts
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise InvalidJob(f"max_attempts must be an integer of at least 1, not {max_attempts!r}.")
+    priority = bounds.check_priority(defaults.priority if priority is None else priority)
+    max_attempts = bounds.check_max_attempts(
+        defaults.max_attempts if max_attempts is None else max_attempts
+    )
     if unique_key is not None and (
         not isinstance(unique_key, str) or not 0 < len(unique_key) <= 255
     ):
         raise InvalidJob("unique_key must be a string of 1 to 255 characters.")
+    job_args, args_size = _check_json(list(args), "args")
+    job_kwargs, kwargs_size = _check_json(dict(kwargs), "kwargs")
+    if args_size + kwargs_size > defaults.max_payload_bytes:
+        raise InvalidJob(
+            f"Job args and kwargs take {args_size + kwargs_size} bytes as JSON, more than "
+            f"DBQUEUE['MAX_PAYLOAD_BYTES'] ({defaults.max_payload_bytes}). Store big data "
+            "elsewhere (a model, a file) and pass its id."
+        )
     return new_job(
         {
             "task": path,
-            "args": _check_json(list(args), "args"),
-            "kwargs": _check_json(dict(kwargs), "kwargs"),
+            "args": job_args,
+            "kwargs": job_kwargs,
             "queue": queue,
             "priority": priority,
             "run_after": _run_after(run_after, now),
             "max_attempts": max_attempts,
-            "timeout": _positive(timeout, "timeout"),
-            "retry_backoff": None if retry_backoff is None else _non_negative(retry_backoff),
+            "timeout": bounds.check_timeout(timeout),
+            "retry_backoff": bounds.check_retry_backoff(retry_backoff),
             "unique_key": unique_key,
             "backend": backend,
             "created_at": now,
             "errors": [],
         }
     )
-
-
-def _non_negative(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise InvalidJob(f"retry_backoff must be a number of seconds >= 0, not {value!r}.")
-    return float(value)
 
 
 def enqueue(
@@ -198,8 +209,10 @@ def enqueue(
     ``task`` is a module-level callable or its dotted path. Options: queue, priority,
     run_after (datetime, timedelta or seconds), max_attempts, timeout, retry_backoff,
     unique_key. With ``unique_key`` set and a job of that key still waiting or running,
-    that job is returned instead of a new one.
+    that job is returned instead of a new one. A misspelt option is a TypeError.
     """
+    if options:
+        bounds.unknown_options("enqueue()", options)
     job, _created = save_job(build_job(task, args, kwargs, **options))
     return job
 
@@ -246,10 +259,14 @@ def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]], batch_size: int = 
     """
     now = timezone.now()
     defaults = Defaults.read()
-    checked: set[str] = set()
     built: list[Job] = []
     for index, item in enumerate(jobs):
         spec = item if isinstance(item, JobSpec) else _spec_from_mapping(item)
+        if spec.options:
+            try:
+                bounds.unknown_options("enqueue_many()", spec.options)
+            except TypeError as exc:
+                raise TypeError(f"job {index}: {exc}") from None
         if spec.options.get("unique_key") is not None:
             raise InvalidJob("enqueue_many() does not take unique_key; use enqueue() for those.")
         try:
@@ -260,7 +277,6 @@ def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]], batch_size: int = 
                     spec.kwargs,
                     now=now,
                     defaults=defaults,
-                    checked_paths=checked,
                     **spec.options,
                 )
             )

@@ -15,10 +15,15 @@ class InvalidJobArguments(InvalidJob, TypeError):
 
 
 class TaskNotFound(InvalidJob, ImportError):
-    """A task path does not name an importable callable.
+    """A task path does not name a task that can run.
 
     Also an ImportError: recorded as a task's error, it reads as what it is.
     """
+
+
+class UnregisteredTask(TaskNotFound):
+    """The task is not in the registry: not decorated with ``@job`` (nor a Django Tasks
+    ``@task``), or its module is not one the task discovery imports. Never retried."""
 
 
 # The two interruptions below derive from BaseException on purpose: a job's own

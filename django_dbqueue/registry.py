@@ -1,74 +1,384 @@
-"""Turning callables into task paths and task paths back into callables."""
+"""The task registry: only what ``@job`` registered (and Django Tasks' ``@task``) ever runs.
+
+A job row names its task by dotted path, and whoever can write a row chooses that path.
+So a path is never imported: it is looked up here, in a dict filled by ``@job`` when
+a module declaring tasks is imported. Which modules those are is decided by the code,
+not by the rows: :func:`discover` imports the ``tasks`` and ``jobs`` modules of every
+installed app and the modules listed in ``DBQUEUE['TASK_MODULES']``, once per process.
+
+Django Tasks' ``@task`` objects count as registered: discovery records those of the
+modules it imports, and a ``Task`` found under its path in a module that is already
+imported is accepted too (read from the module's ``__dict__``: no import, no
+``__getattr__``).
+"""
 
 from __future__ import annotations
 
-import importlib
+import sys
+import threading
+import types
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, field
+from importlib import import_module
+from typing import Any, TypeVar, overload
 
-from django_dbqueue.exceptions import InvalidJob, TaskNotFound
+from django_dbqueue import bounds
+from django_dbqueue.conf import settings
+from django_dbqueue.exceptions import InvalidJob, UnregisteredTask
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Where the Django Tasks framework defines Task: Django 6, and the backport for Django 5.2.
+TASK_CLASSES = {("django.tasks.base", "Task"), ("django_tasks.base", "Task")}
+# The defaults @job accepts, applied by enqueue() when a call does not set them.
+JOB_DEFAULTS = ("queue", "priority", "max_attempts", "timeout", "retry_backoff")
 
 
-def task_path(task: Any) -> str:
-    """The dotted path under which a worker will find ``task``."""
-    if isinstance(task, str):
-        path = task.strip()
-        if not path or "." not in path or any(not part.isidentifier() for part in path.split(".")):
-            raise TaskNotFound(
-                f"{task!r} is not a dotted path to a function, e.g. 'myapp.tasks.send_mail'."
-            )
-        return path
-    # A Django Tasks Task object wraps the function it runs.
-    func = getattr(task, "func", task)
-    if not callable(func):
-        raise InvalidJob(f"{task!r} is neither a callable nor a dotted path.")
-    module = getattr(func, "__module__", None)
-    qualname = getattr(func, "__qualname__", None)
-    if not module or not qualname:
-        raise InvalidJob(f"{task!r} has no module-level name a worker could import.")
+def is_framework_task(obj: object) -> bool:
+    """Is ``obj`` a Django Tasks ``Task`` (what ``@task`` makes)?
+
+    Checked by class name so that plain jobs never import the framework.
+    """
+    return any((cls.__module__, cls.__qualname__) in TASK_CLASSES for cls in type(obj).__mro__)
+
+
+@dataclass(frozen=True)
+class RegisteredTask:
+    """One entry of the registry: what a worker calls for ``path``."""
+
+    path: str
+    func: Any  # a function, or a Django Tasks Task (not itself callable)
+    is_framework_task: bool = False
+    defaults: dict[str, Any] = field(default_factory=dict)
+
+
+_registry: dict[str, RegisteredTask] = {}
+_lock = threading.RLock()
+_discovered = False
+_discovering = False
+
+
+def unregistered_message(path: str) -> str:
+    return (
+        f"task {path!r} is not a registered task; decorate it with @job or list its module "
+        "in DBQUEUE['TASK_MODULES']"
+    )
+
+
+# -- @job ------------------------------------------------------------------------------
+
+
+@overload
+def job(func: F, /) -> F: ...
+
+
+@overload
+def job(
+    *,
+    queue: str | None = None,
+    priority: int | None = None,
+    max_attempts: int | None = None,
+    timeout: float | None = None,
+    retry_backoff: float | None = None,
+) -> Callable[[F], F]: ...
+
+
+def job(
+    func: Any = None,
+    /,
+    *,
+    queue: str | None = None,
+    priority: int | None = None,
+    max_attempts: int | None = None,
+    timeout: float | None = None,
+    retry_backoff: float | None = None,
+) -> Any:
+    """Register a module-level function as a task, under ``module.qualname``.
+
+    ``@job`` or ``@job(queue="emails", max_attempts=5, timeout=30)``: the options are
+    defaults for every enqueue of this task (an enqueue() argument still wins). The
+    function is returned unchanged: calling it directly runs it in the caller.
+    Workers run only registered tasks, so the module must be one they import: an
+    installed app's ``tasks.py`` or ``jobs.py``, or a module in ``DBQUEUE['TASK_MODULES']``.
+    """
+    defaults = _checked_defaults(
+        queue=queue,
+        priority=priority,
+        max_attempts=max_attempts,
+        timeout=timeout,
+        retry_backoff=retry_backoff,
+    )
+
+    def decorate(function: F) -> F:
+        register(function, **defaults)
+        return function
+
+    return decorate if func is None else decorate(func)
+
+
+def _checked_defaults(**given: Any) -> dict[str, Any]:
+    """The defaults that were set, bounded as enqueue() bounds them (InvalidJob if not).
+
+    The queue's existence is checked by enqueue() and by the system checks: settings
+    are not read while modules are being imported.
+    """
+    checks: dict[str, Callable[[Any], Any]] = {
+        "queue": bounds.check_queue_name,
+        "priority": bounds.check_priority,
+        "max_attempts": bounds.check_max_attempts,
+        "timeout": bounds.check_timeout,
+        "retry_backoff": bounds.check_retry_backoff,
+    }
+    return {name: checks[name](value) for name, value in given.items() if value is not None}
+
+
+def register(function: Any, **defaults: Any) -> RegisteredTask:
+    """Add ``function`` to the registry (what ``@job`` does); TypeError if it cannot be one."""
+    if is_framework_task(function):
+        raise TypeError(
+            f"{function.module_path} is a Django Tasks task: @task functions are registered "
+            "as they are, without @job."
+        )
+    if not isinstance(function, types.FunctionType):
+        raise TypeError(f"@job decorates functions, not {function!r}.")
+    if function.__code__.co_flags & 0x80:  # CO_COROUTINE: an async def
+        raise TypeError(
+            f"{function.__qualname__} is an async function; the worker calls @job functions "
+            "synchronously. Use Django Tasks' @task for async functions."
+        )
+    path = f"{function.__module__}.{function.__qualname__}"
+    problem = _unimportable_name(function.__module__, function.__qualname__)
+    if problem:
+        raise TypeError(f"@job cannot register {path}: {problem}")
+    entry = RegisteredTask(path, function, False, _checked_defaults(**defaults))
+    _registry[path] = entry
+    return entry
+
+
+def _unimportable_name(module: str, qualname: str) -> str:
+    """Why a worker could never find a function of this name ("" when it could)."""
     if "<lambda>" in qualname:
-        raise InvalidJob("Lambdas cannot be enqueued: define the task as a module-level function.")
+        return "lambdas have no name a worker could look up; define a module-level function."
     if "<locals>" in qualname:
-        raise InvalidJob(
-            f"{module}.{qualname} is defined inside a function; workers cannot import it. "
-            "Move it to module level."
+        return (
+            "it is defined inside a function, so workers cannot find it; move it to module level."
         )
     if module == "__main__":
-        raise InvalidJob(
-            f"{qualname} lives in __main__, which workers do not import. "
-            "Move it into an importable module."
+        return (
+            f"{qualname} is defined in __main__ (a script or an interactive session), which "
+            "workers never import; move it into a module of your app, e.g. myapp/jobs.py."
         )
-    return f"{module}.{qualname}"
+    return ""
 
 
-def resolve(path: str) -> Callable[..., Any]:
-    """Import ``path`` (module, then attributes: class methods work too).
+# -- looking tasks up ------------------------------------------------------------------
 
-    The result may also be a Django Tasks ``Task`` (what ``@task`` makes), which is not
-    itself callable but wraps the function in ``.func``; call_job() runs it as a Task.
+
+def registered(path: str) -> RegisteredTask | None:
+    """The entry for ``path``, or None; imports nothing and runs no discovery."""
+    entry = _registry.get(path)
+    if entry is None:
+        entry = _framework_task_at(path)
+    return entry
+
+
+def find(path: str) -> RegisteredTask:
+    """The entry for ``path``, discovering the task modules first if it is not known yet.
+
+    Raises :class:`UnregisteredTask`. Nothing is imported but the task modules.
+    """
+    entry = registered(path)
+    if entry is None and not _discovered:
+        discover()
+        entry = registered(path)
+    if entry is None:
+        raise UnregisteredTask(unregistered_message(path))
+    return entry
+
+
+def resolve(path: str) -> Any:
+    """The registered function (or Django Tasks ``Task``) for ``path``; see :func:`find`."""
+    return find(path).func
+
+
+def _framework_task_at(path: str) -> RegisteredTask | None:
+    """A Django Tasks ``Task`` under ``path`` in an already imported module, registered.
+
+    Reads module and class ``__dict__``s only, so nothing is imported and no module
+    ``__getattr__`` runs.
     """
     parts = path.split(".")
     for split in range(len(parts) - 1, 0, -1):
-        module_name = ".".join(parts[:split])
+        module = sys.modules.get(".".join(parts[:split]))
+        if not isinstance(module, types.ModuleType):
+            continue
+        obj: Any = module
+        for name in parts[split:]:
+            namespace = vars(obj) if isinstance(obj, types.ModuleType | type) else {}
+            obj = namespace.get(name)
+            if obj is None:
+                break
+        if obj is not None and is_framework_task(obj) and obj.module_path == path:
+            return _register_framework_task(path, obj)
+        return None
+    return None
+
+
+def _register_framework_task(path: str, task: Any) -> RegisteredTask:
+    entry = RegisteredTask(path, task, True, {})
+    _registry[path] = entry
+    return entry
+
+
+def path_for_enqueue(task: Any, validate: bool = True) -> tuple[str, dict[str, Any]]:
+    """(task path, the task's registered defaults) for what enqueue() was given.
+
+    ``task`` is a registered function, a Django Tasks ``Task`` or its function, or a
+    dotted path. Anything else raises InvalidJob, with the reason for the usual
+    mistakes (a bound method, a function of ``manage.py shell``). With ``validate``
+    off, a path string the registry does not know is accepted as it is (producers
+    without the workers' code); workers still run only what their registry knows.
+    """
+    if isinstance(task, str):
+        entry = _registry.get(task)
+        if entry is not None:
+            return entry.path, entry.defaults
+        path = _checked_path_syntax(task)
+        if not validate:
+            entry = registered(path)
+            return path, entry.defaults if entry is not None else {}
+        entry = find(path)
+        return entry.path, entry.defaults
+    if isinstance(task, types.MethodType) or _is_bound_builtin(task):
+        raise InvalidJob(
+            f"{task!r} is a bound method: a job stores its arguments as JSON, never the "
+            "object it belongs to. Enqueue a module-level @job function that takes the "
+            "object's id, e.g. enqueue(save_order, args=[order.pk])."
+        )
+    if is_framework_task(task):
+        path = task.module_path
+        entry = _registry.get(path) or find(path)
+        return entry.path, entry.defaults
+    module = getattr(task, "__module__", None)
+    qualname = getattr(task, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str) or not callable(task):
+        raise InvalidJob(
+            f"{task!r} is neither a registered function nor a dotted path; enqueue a "
+            "module-level function decorated with @job."
+        )
+    path = f"{module}.{qualname}"
+    entry = _registry.get(path)
+    if entry is None:
+        problem = _unimportable_name(module, qualname)
+        if problem:
+            raise InvalidJob(f"{path} cannot be enqueued: {problem}")
+        if not _found_under_own_name(task, module, qualname):
+            raise InvalidJob(
+                f"{path} cannot be enqueued: {qualname} is not found under that name in "
+                f"{module} (defined in a shell such as manage.py shell, or replaced by "
+                "another object). Workers look tasks up by module and name: define it in a "
+                "module of your app and decorate it with @job."
+            )
+        entry = find(path)
+    return entry.path, entry.defaults
+
+
+def task_path(task: Any) -> str:
+    """The path under which ``task`` (a registered function, Task or path) is stored."""
+    return path_for_enqueue(task)[0]
+
+
+def _is_bound_builtin(task: Any) -> bool:
+    owner = getattr(task, "__self__", None)
+    return isinstance(task, types.BuiltinMethodType) and not (
+        owner is None or isinstance(owner, types.ModuleType)
+    )
+
+
+def _found_under_own_name(function: Any, module_name: str, qualname: str) -> bool:
+    """Is ``function`` what its module holds under its qualname (without importing)?"""
+    module = sys.modules.get(module_name)
+    if not isinstance(module, types.ModuleType):
+        return False
+    obj: Any = module
+    for name in qualname.split("."):
+        namespace = vars(obj) if isinstance(obj, types.ModuleType | type) else {}
+        obj = namespace.get(name)
+        if isinstance(obj, staticmethod | classmethod):
+            obj = obj.__func__
+    while obj is not None and obj is not function:
+        obj = getattr(obj, "__wrapped__", None) if isinstance(obj, types.FunctionType) else None
+    return obj is function
+
+
+def _checked_path_syntax(task: str) -> str:
+    path = task.strip()
+    if not path or "." not in path or any(not part.isidentifier() for part in path.split(".")):
+        raise InvalidJob(
+            f"{task[:100]!r} is not a dotted path to a task, e.g. 'myapp.jobs.send_mail'."
+        )
+    if len(path) > 255:
+        raise InvalidJob("a task path is at most 255 characters long.")
+    return path
+
+
+# -- discovery -------------------------------------------------------------------------
+
+
+def discover() -> None:
+    """Import the modules that declare tasks, once per process.
+
+    The ``tasks`` and ``jobs`` submodules of every installed app (when they exist), then
+    ``DBQUEUE['TASK_MODULES']``. An error inside one of them is raised, as the admin's
+    autodiscovery does: a worker must not start without its tasks.
+    """
+    global _discovered, _discovering
+    if _discovered:
+        return
+    with _lock:
+        # _discovering: a task module that enqueues while it is imported must not
+        # start the discovery again.
+        if _discovered or _discovering:
+            return
+        _discovering = True
         try:
-            obj: Any = importlib.import_module(module_name)
+            _import_task_modules()
+            _discovered = True
+        finally:
+            _discovering = False
+
+
+def _import_task_modules() -> None:
+    from django.apps import apps
+    from django.core.exceptions import ImproperlyConfigured
+    from django.utils.module_loading import module_has_submodule
+
+    for app_config in apps.get_app_configs():
+        for name in ("tasks", "jobs"):
+            if module_has_submodule(app_config.module, name):
+                _record_framework_tasks(import_module(f"{app_config.name}.{name}"))
+    for name in settings.TASK_MODULES:
+        try:
+            module = import_module(name)
         except ModuleNotFoundError as exc:
-            # Only "this module does not exist" means try a shorter prefix; a missing
-            # import *inside* an existing module is a real error to report.
-            if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-                continue
-            raise TaskNotFound(
-                f"Importing {module_name!r} for task {path!r} failed: {exc}"
-            ) from exc
-        try:
-            for attr in parts[split:]:
-                obj = getattr(obj, attr)
-        except AttributeError:
-            raise TaskNotFound(
-                f"Task {path!r} not found: module {module_name!r} has no "
-                f"{'.'.join(parts[split:])!r}."
-            ) from None
-        if not callable(obj) and not callable(getattr(obj, "func", None)):
-            raise TaskNotFound(f"Task {path!r} is not callable.")
-        return obj  # type: ignore[no-any-return]
-    raise TaskNotFound(f"Task {path!r} not found: no module of that path can be imported.")
+            if exc.name and (name == exc.name or name.startswith(exc.name + ".")):
+                raise ImproperlyConfigured(
+                    f"DBQUEUE['TASK_MODULES'] lists {name!r}, which does not exist."
+                ) from exc
+            raise
+        _record_framework_tasks(module)
+
+
+def _record_framework_tasks(module: types.ModuleType) -> None:
+    """Register the Django Tasks ``Task``s a discovered module declares."""
+    for name, value in list(vars(module).items()):
+        if is_framework_task(value):
+            path = f"{module.__name__}.{name}"
+            if value.module_path == path:
+                _register_framework_task(path, value)
+
+
+def all_tasks() -> list[RegisteredTask]:
+    """Every registered task after discovery, by path (what a worker would run)."""
+    discover()
+    return sorted(_registry.values(), key=lambda entry: entry.path)

@@ -144,10 +144,15 @@ if importlib.util.find_spec("django_redis"):
 DBQUEUE: dict[str, Any] = {
     "QUEUES": ["default", "emails", "reports"],
     "LOCK_REDIS_ALIAS": "redis",
+    # The test suite's jobs: tests/ is not an installed app, so the task discovery (every
+    # app's tasks.py and jobs.py, like testproject/jobs.py) would not find them.
+    "TASK_MODULES": ["tests.support.jobs"],
 }
 if QUEUE_DB:
     # Database locks beside the queue: their fencing tokens live in dbqueue_counter.
     DBQUEUE["LOCK_DATABASE_ALIAS"] = "queue"
+if importlib.util.find_spec("django_tasks") or importlib.util.find_spec("django.tasks"):
+    DBQUEUE["TASK_MODULES"].append("tests.support.task_functions")
 
 # @task functions (Django Tasks) go through the same Job table and run_jobs workers.
 TASKS = {"default": {"BACKEND": "django_dbqueue.backends.DBQueueBackend"}}

@@ -17,6 +17,20 @@ from django.utils import timezone
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Job
 
+BIGINT_MAX = 2**63 - 1  # the largest value of a BigAutoField, on every database
+
+
+def parse_job_id(text: str) -> int | None:
+    """The job id ``text`` spells in ASCII digits, or None.
+
+    Not ``str.isdigit()``: it accepts "²" and other digits that int() refuses, and a
+    5,000-digit number passes it but not int() nor the database's bigint.
+    """
+    if not text or len(text) > 19 or not text.isascii() or not text.isdigit():
+        return None
+    number = int(text)
+    return number if number <= BIGINT_MAX else None
+
 
 class QueueFilter(admin.SimpleListFilter):
     """Queues from settings: the field's default filter would run SELECT DISTINCT."""
@@ -68,8 +82,13 @@ class FailedSinceFilter(admin.SimpleListFilter):
         return [("1h", "Last hour"), ("24h", "Last 24 hours"), ("7d", "Last 7 days")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
-        period = self.periods.get(self.value() or "")
-        if period is None:
+        value = self.value()
+        if not value:
             return queryset
+        period = self.periods.get(value)
+        if period is None:
+            # An unknown period matches nothing: ignoring it would widen the selection,
+            # and "select all" + delete would then delete every job.
+            return queryset.none()
         since = timezone.now() - period
         return queryset.filter(status=Job.Status.FAILED, finished_at__gte=since)

@@ -15,7 +15,7 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.utils import flatten_fieldsets
 from django.contrib.admin.views.main import ChangeList
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, SuspiciousOperation
 from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
@@ -29,8 +29,14 @@ from django.views.decorators.http import require_POST
 
 from django_dbqueue.admin import dashboard
 from django_dbqueue.admin.bulk import apply_in_chunks
-from django_dbqueue.admin.filters import FailedSinceFilter, QueueFilter, TaskFilter
+from django_dbqueue.admin.filters import (
+    FailedSinceFilter,
+    QueueFilter,
+    TaskFilter,
+    parse_job_id,
+)
 from django_dbqueue.admin.paginator import CappedCountPaginator
+from django_dbqueue.conf import settings
 from django_dbqueue.models import Job
 from django_dbqueue.queue.actions import JobQuerySet
 
@@ -40,6 +46,7 @@ else:  # ModelAdmin is generic only in the type stubs
     _ModelAdmin = admin.ModelAdmin
 
 REQUEUEABLE = (Job.Status.FAILED, Job.Status.CANCELLED, Job.Status.DONE)
+PAYLOAD_SECTION = "Call"  # the fieldset of a job's args, kwargs and result
 NOT_FINISHED = "only failed, cancelled or done jobs can be requeued."
 # Columns the list never shows: left out so a page of 100 jobs does not drag in their
 # arguments, results and tracebacks.
@@ -144,6 +151,13 @@ class JobAdmin(_ModelAdmin):
     def result_display(self, job: Job) -> SafeString:
         return pretty_json(job.result)
 
+    @admin.display(description="args, kwargs and result")
+    def payload_hidden(self, job: Job) -> str:
+        return (
+            "Hidden: they may hold personal data or secrets. Users who may change jobs see "
+            "them (DBQUEUE['ADMIN_SHOW_PAYLOADS'] decides who)."
+        )
+
     @admin.display(description="last error")
     def last_error_display(self, job: Job) -> SafeString | str:
         return (
@@ -171,6 +185,30 @@ class JobAdmin(_ModelAdmin):
             return f"{(job.finished_at - job.started_at).total_seconds():.3f} s"
         return "-"
 
+    # -- who sees arguments and results -------------------------------------------------
+
+    def payloads_visible(self, request: HttpRequest, job: Job | None = None) -> bool:
+        """May this user read jobs' args, kwargs and results? Tracebacks are not payloads:
+        an operator who only watches the queue needs them to see what failed."""
+        mode = settings.ADMIN_SHOW_PAYLOADS
+        if mode == "view":
+            return self.has_view_permission(request, job)
+        if mode == "change":
+            return self.has_change_permission(request, job)
+        return False
+
+    def get_fieldsets(self, request: HttpRequest, obj: Job | None = None) -> Any:
+        if self.payloads_visible(request, obj):
+            return self.fieldsets
+        return tuple(
+            (name, {"fields": ("payload_hidden",)}) if name == PAYLOAD_SECTION else (name, opts)
+            for name, opts in self.fieldsets
+        )
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Job | None = None) -> Any:
+        # Every field shown is read-only; a field not shown is not on the page at all.
+        return flatten_fieldsets(self.get_fieldsets(request, obj))
+
     # -- list --------------------------------------------------------------------------
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
@@ -194,9 +232,9 @@ class JobAdmin(_ModelAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        number = term.lstrip("#")
-        if number.isdigit():
-            return queryset.filter(pk=int(number)), False
+        job_id = parse_job_id(term.lstrip("#"))
+        if job_id is not None:
+            return queryset.filter(pk=job_id), False
         matches = Q(task__icontains=term) | Q(owner__icontains=term) | Q(last_error__icontains=term)
         return queryset.filter(matches), False
 
@@ -210,6 +248,10 @@ class JobAdmin(_ModelAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
+        if any("\x00" in value for _, values in request.GET.lists() for value in values):
+            # PostgreSQL cannot compare text with a NUL character in it (a DataError, i.e.
+            # a 500 page), and no stored value holds one: refuse the request.
+            raise SuspiciousOperation("A NUL character in the job list's query string.")
         action = request.POST.get("action", "") if request.method == "POST" else ""
         if action and action not in self.get_actions(request):
             # Django would answer "No action selected"; a refused action is a 403.
@@ -390,9 +432,10 @@ class JobAdmin(_ModelAdmin):
         return TemplateResponse(request, "admin/django_dbqueue/dashboard.html", context)
 
     def operate_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        if not object_id.isdigit():
-            raise Http404(f"{object_id!r} is not a job id.")
-        job = get_object_or_404(Job, pk=int(object_id))
+        job_id = parse_job_id(object_id)
+        if job_id is None:
+            raise Http404(f"{object_id[:30]!r} is not a job id.")
+        job = get_object_or_404(Job, pk=job_id)
         if not self.has_change_permission(request, job):
             raise PermissionDenied("Changing jobs is required to requeue, cancel or run them.")
         operation = request.POST.get("operation", "")

@@ -10,7 +10,12 @@ from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
-from django_dbqueue.queue.dialects import has_locking_reads, placeholders, write_transaction
+from django_dbqueue.queue.dialects import (
+    has_lateral_arrays,
+    has_locking_reads,
+    placeholders,
+    write_transaction,
+)
 from django_dbqueue.status import CLAIMED, QUEUED
 
 if TYPE_CHECKING:
@@ -96,6 +101,11 @@ def claim(
     return []
 
 
+# Queues read per statement: SQLite allows 500 terms in a compound SELECT, and past a
+# few hundred branches the planners spend longer on the statement than on the rows.
+QUEUES_PER_STATEMENT = 100
+
+
 def _candidate_ids(
     model: type[Job], conn: BaseDatabaseWrapper, queues: list[str], now: datetime, limit: int
 ) -> list[int]:
@@ -103,8 +113,26 @@ def _candidate_ids(
 
     ``queue IN (a, b)`` would make the database sort every queued row of those
     queues; one index range per queue, each stopping after ``limit`` rows, and a
-    merge of at most ``limit * len(queues)`` rows keeps the cost flat.
+    merge of at most ``limit * len(queues)`` rows keeps the cost flat. Many queues are
+    read in chunks of :data:`QUEUES_PER_STATEMENT`, merged here by the same order.
     """
+    if len(queues) <= QUEUES_PER_STATEMENT:
+        return [row[0] for row in _candidates(model, conn, queues, now, limit)]
+    if has_lateral_arrays(conn):
+        return _candidates_lateral(model, conn, queues, now, limit)
+    rows: list[tuple[Any, ...]] = []
+    for start in range(0, len(queues), QUEUES_PER_STATEMENT):
+        chunk = queues[start : start + QUEUES_PER_STATEMENT]
+        rows += _candidates(model, conn, chunk, now, limit)
+    # The database's order: priority descending, then run_after, then id.
+    rows.sort(key=lambda row: (-row[1], row[2], row[0]))
+    return [row[0] for row in rows[:limit]]
+
+
+def _candidates(
+    model: type[Job], conn: BaseDatabaseWrapper, queues: list[str], now: datetime, limit: int
+) -> list[tuple[Any, ...]]:
+    """(id, priority, run_after) of the best ``limit`` runnable jobs of ``queues``."""
     qn = conn.ops.quote_name
     table = qn(model._meta.db_table)
     when = model._meta.get_field("run_after").get_db_prep_value(now, conn)
@@ -128,6 +156,30 @@ def _candidate_ids(
         params.append(limit)
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
+        return [tuple(row) for row in cursor.fetchall()]
+
+
+def _candidates_lateral(
+    model: type[Job], conn: BaseDatabaseWrapper, queues: list[str], now: datetime, limit: int
+) -> list[int]:
+    """The same index range per queue in one statement, the queues passed as one array.
+
+    2,000 queues: one plan of a nested loop (about 10 ms), where 2,000 UNION ALL
+    branches took the planner seconds.
+    """
+    qn = conn.ops.quote_name
+    when = model._meta.get_field("run_after").get_db_prep_value(now, conn)
+    columns = f"{qn('id')}, {qn('priority')}, {qn('run_after')}"
+    order = f"c.{qn('priority')} DESC, c.{qn('run_after')}, c.{qn('id')}"
+    sql = (
+        f"SELECT c.{qn('id')} FROM unnest(%s::varchar[]) AS q(name) "  # noqa: S608
+        f"CROSS JOIN LATERAL (SELECT {columns} FROM {qn(model._meta.db_table)} "
+        f"WHERE {qn('status')} = %s AND {qn('queue')} = q.name AND {qn('run_after')} <= %s "
+        f"ORDER BY {qn('priority')} DESC, {qn('run_after')}, {qn('id')} LIMIT %s) AS c "
+        f"ORDER BY {order} LIMIT %s"
+    )
+    with conn.cursor() as cursor:
+        cursor.execute(sql, [queues, QUEUED, when, limit, limit])
         return [row[0] for row in cursor.fetchall()]
 
 

@@ -20,6 +20,13 @@ def has_locking_reads(conn: BaseDatabaseWrapper) -> bool:
     return conn.vendor != "sqlite"
 
 
+def has_lateral_arrays(conn: BaseDatabaseWrapper) -> bool:
+    """One statement can probe an index once per element of an array parameter
+    (``unnest(%s) CROSS JOIN LATERAL``): PostgreSQL. MariaDB has no LATERAL, SQLite
+    neither; they read many queues in chunks of UNION ALL instead."""
+    return conn.vendor == "postgresql"
+
+
 @contextmanager
 def write_transaction(using: str) -> Iterator[None]:
     """A short read-then-write transaction suited to this database.

@@ -21,7 +21,7 @@ from django.db import router, transaction
 
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import InvalidJob, InvalidJobArguments, TaskNotFound
-from django_dbqueue.registry import resolve
+from django_dbqueue.registry import registered
 from django_dbqueue.tasks.compat import (
     BaseTaskBackend,
     GenericTask,
@@ -140,8 +140,10 @@ class DBQueueBackend(BaseTaskBackend):
                 "retry_backoff": task.retry_backoff,
                 "unique_key": task.unique_key,
             }
+        # By path, unchecked: validate_task() runs while the task's module is still being
+        # imported, before the Task is in it; enqueue() checks it with _declared().
         return build_job(
-            task.func,
+            task.module_path,
             args,
             kwargs,
             queue=task.queue_name,
@@ -149,17 +151,16 @@ class DBQueueBackend(BaseTaskBackend):
             priority=int(task.priority),
             run_after=task.run_after,
             backend=self.alias,
+            check_task=False,
             **options,
         )
 
     def _declared(self, task: Task[..., Any]) -> Task[..., Any]:
         """The Task that workers will find under ``task``'s module path."""
-        # Workers find the task by its module path: that name must be this Task (a
-        # function decorated under another name would run without the framework).
-        try:
-            target: Any = resolve(task.module_path)
-        except TaskNotFound as exc:
-            raise InvalidTask(str(exc)) from None
+        # Workers find the task in their registry by its module path: that name must be
+        # this Task (a function decorated under another name would not be a task there).
+        entry = registered(task.module_path)
+        target = entry.func if entry is not None else None
         if not isinstance(target, Task) or target.func is not task.func:
             raise InvalidTask(
                 f"Workers import tasks by module path, and {task.module_path} is not this "
@@ -225,7 +226,7 @@ class DBQueueBackend(BaseTaskBackend):
             return task_result_from_job(job)
         except TaskNotFound as exc:
             raise TaskResultDoesNotExist(
-                f"Job {job.pk} ran the task {job.task}, which no longer imports, so there is "
+                f"Job {job.pk} ran the task {job.task}, which is not a registered task now, so there is "
                 f"no Task to read it as ({exc}); read it with django_dbqueue.models.Job."
             ) from None
 

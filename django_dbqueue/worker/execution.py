@@ -1,4 +1,4 @@
-"""Running one job's callable: import it, call it, enforce its timeout."""
+"""Running one job's callable: look it up in the registry, call it, enforce its timeout."""
 
 from __future__ import annotations
 
@@ -10,43 +10,25 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
+from django_dbqueue import registry
 from django_dbqueue.exceptions import JobTimeout
 from django_dbqueue.models import Job
-from django_dbqueue.registry import resolve
 
 
 class ResultNotSerializable(TypeError):
     """The job returned something that cannot be stored as JSON."""
 
 
-# Where the Django Tasks framework defines Task: Django 6, and the backport for Django 5.2.
-TASK_CLASSES = {("django.tasks.base", "Task"), ("django_tasks.base", "Task")}
-
-
-def is_framework_task(obj: object) -> bool:
-    """Is ``obj`` a Django Tasks ``Task`` (what ``@task`` makes)?
-
-    Checked by class name so that plain jobs never import the framework.
-    """
-    return any((cls.__module__, cls.__qualname__) in TASK_CLASSES for cls in type(obj).__mro__)
-
-
-# Workers never reload code, so a path imports to the same callable for the life of the
-# process: look each one up once. Failures are not cached (the error is the answer).
-_resolved: dict[str, tuple[Callable[..., Any], bool]] = {}
-_RESOLVED_MAX = 10_000
-
-
 def lookup(path: str) -> tuple[Callable[..., Any], bool]:
-    """(callable, is a Django Tasks task) for a task path; raises TaskNotFound."""
-    try:
-        return _resolved[path]
-    except KeyError:
-        func = resolve(path)
-        entry = (func, is_framework_task(func))
-        if len(_resolved) < _RESOLVED_MAX:
-            _resolved[path] = entry
-        return entry
+    """(callable, is a Django Tasks task) for a task path, from the task registry.
+
+    Nothing is imported for the path: a row names its task, and whoever wrote the row
+    must not choose what code is imported. A path the registry does not know (after the
+    task modules were discovered, once per process) raises UnregisteredTask, which no
+    retry can cure: the worker fails the job at once.
+    """
+    entry = registry.find(path)
+    return entry.func, entry.is_framework_task
 
 
 # Results of these types are JSON as they are; anything else is checked by a round trip.

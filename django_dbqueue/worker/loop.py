@@ -27,7 +27,13 @@ from django.utils import timezone
 
 from django_dbqueue import signals
 from django_dbqueue.conf import settings
-from django_dbqueue.exceptions import JobCancelled, JobTimeout, RetryJob, WorkerShutdown
+from django_dbqueue.exceptions import (
+    JobCancelled,
+    JobTimeout,
+    RetryJob,
+    UnregisteredTask,
+    WorkerShutdown,
+)
 from django_dbqueue.models import Job
 from django_dbqueue.models import WorkerProcess as WorkerRow
 from django_dbqueue.scheduling.pausing import PauseWatcher
@@ -316,6 +322,8 @@ class Worker:
         self._cancel_ids.difference_update(ids)
 
     def _record_failure(self, job: Job, exc: BaseException) -> None:
+        if isinstance(exc, UnregisteredTask):
+            job.max_attempts = job.attempts  # no later attempt can find it: fail it now
         text = "".join(traceback.format_exception(exc))
         error_class = f"{type(exc).__module__}.{type(exc).__qualname__}"
         status = self._retry_db(

@@ -126,7 +126,7 @@ def test_dashboard_renders_with_chart_workers_and_failures(page: Page, live_serv
         if minute % 11 == 3:
             finished.append(
                 Job(
-                    task="testproject.demo_tasks.build_report",
+                    task="testproject.jobs.build_report",
                     queue="reports",
                     status=S.FAILED,
                     attempts=3,

@@ -1,19 +1,24 @@
-"""Jobs the tests enqueue. Workers started by tests import them from here."""
+"""Jobs the tests enqueue, registered with @job; DBQUEUE['TASK_MODULES'] lists this module
+(tests/ is not an installed app), so the workers tests start find them too."""
 
 import os
 import time
 
+from django_dbqueue import job
 from testproject.models import Execution
 
 
+@job
 def noop() -> None:
     return None
 
 
+@job
 def add(a: int, b: int) -> int:
     return a + b
 
 
+@job
 def record(key: str, sleep: float = 0.0) -> str:
     """Leave a row behind so a test can count how often this job ran."""
     if sleep:
@@ -22,30 +27,36 @@ def record(key: str, sleep: float = 0.0) -> str:
     return key
 
 
+@job
 def fail(message: str = "boom") -> None:
     raise ValueError(message)
 
 
+@job
 def fail_then_record(key: str) -> None:
     Execution.objects.create(key=key, pid=os.getpid())
     raise RuntimeError(f"attempt for {key} failed")
 
 
+@job
 def sleep(seconds: float) -> float:
     time.sleep(seconds)
     return seconds
 
 
+@job
 def unserializable() -> object:
     return object()
 
 
 class Tasks:
     @staticmethod
+    @job
     def static_add(a: int, b: int) -> int:
         return a + b
 
 
+@job
 def retry_once(key: str) -> str:
     """Ask to be run again later the first time, succeed the second time."""
     from django_dbqueue.exceptions import RetryJob
@@ -56,6 +67,7 @@ def retry_once(key: str) -> str:
     return key
 
 
+@job
 def lock_own_row_then_return(job_id: int, hold: float) -> str:
     """Hold a row lock on this job from another connection while the worker records it."""
     import threading

@@ -62,17 +62,16 @@ def test_failed_attempt_is_retried_later_with_backoff() -> None:
     assert worker.stats.retried == 1
 
 
-def test_task_that_no_longer_imports_fails_clearly_and_worker_goes_on() -> None:
-    gone = Job.objects.create(task="tests.support.jobs.removed_in_last_release", max_attempts=1)
-    module_gone = Job.objects.create(task="deleted_app.tasks.work", max_attempts=1)
+def test_task_that_is_no_longer_registered_fails_at_once_and_worker_goes_on() -> None:
+    # max_attempts=3: no retry can register a task, so the first attempt is the last.
+    gone = Job.objects.create(task="tests.support.jobs.removed_in_last_release", max_attempts=3)
+    module_gone = Job.objects.create(task="deleted_app.tasks.work", max_attempts=3)
     ok = enqueue(jobs.add, [1, 2])
     drain()
-    gone.refresh_from_db()
-    module_gone.refresh_from_db()
-    assert gone.status == Job.Status.FAILED
-    assert "has no 'removed_in_last_release'" in gone.last_error
-    assert module_gone.status == Job.Status.FAILED
-    assert "not found" in module_gone.last_error
+    for job in (gone, module_gone):
+        job.refresh_from_db()
+        assert (job.status, job.attempts) == (Job.Status.FAILED, 1)
+        assert f"task {job.task!r} is not a registered task" in job.last_error
     assert Job.objects.get(pk=ok.pk).result == 3
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import InterfaceError, OperationalError, router
 
+from django_dbqueue import registry
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Job
 from django_dbqueue.queue.schema import schema_problem
@@ -96,6 +97,9 @@ class Command(BaseCommand):
             problem = None
         if problem:
             raise CommandError(problem)
+        # Before the first job, and before forking: a broken task module stops the start,
+        # and every worker process inherits the registry.
+        registry.discover()
         verbosity = int(options["verbosity"])
         if verbosity >= 2:
             logging.getLogger("django_dbqueue").setLevel(logging.DEBUG)

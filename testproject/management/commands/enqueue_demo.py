@@ -4,7 +4,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
 from django_dbqueue import enqueue, enqueue_many
-from testproject import demo_tasks
+from testproject import jobs
 
 
 class Command(BaseCommand):
@@ -17,10 +17,10 @@ class Command(BaseCommand):
         count = options["count"]
         with transaction.atomic():
             enqueue_many(
-                {"task": demo_tasks.send_welcome_mail, "args": [i], "queue": "emails"}
+                {"task": jobs.send_welcome_mail, "args": [i]}
                 if i % 2
-                else {"task": demo_tasks.checksum, "args": [f"document-{i}"]}
+                else {"task": jobs.checksum, "args": [f"document-{i}"]}
                 for i in range(count)
             )
-            enqueue(demo_tasks.build_report, ["quarterly"], queue="reports", max_attempts=1)
+            enqueue(jobs.build_report, ["quarterly"])  # its queue and attempts come from @job
         self.stdout.write(f"Enqueued {count + 1} jobs ({count} that succeed, 1 that raises).")

@@ -1,0 +1,153 @@
+"""The bounds of a job's options and arguments, checked before anything is written.
+
+Shared by ``enqueue()`` and ``@job`` (whose defaults are checked when a module declares
+them), so a value a worker cannot act on never reaches the table: a timeout that
+``setitimer`` refuses, a delay that overflows ``datetime``, an attempt count the integer
+column cannot hold, arguments nested deeper than MariaDB's JSON accepts.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from typing import Any
+
+from django_dbqueue.exceptions import InvalidJob
+
+# The options enqueue() takes (besides task, args and kwargs).
+ENQUEUE_OPTIONS = (
+    "queue",
+    "priority",
+    "run_after",
+    "max_attempts",
+    "timeout",
+    "retry_backoff",
+    "unique_key",
+)
+QUEUE_NAME_MAX = 64  # Job.queue's max_length (tests/test_registry.py holds them equal)
+PRIORITY_RANGE = (-32768, 32767)  # a SmallIntegerField
+# Attempts are counted in an integer column; far beyond any useful retry policy.
+MAX_ATTEMPTS_LIMIT = 1000
+# A job running 30 days is not waiting for a timeout; the limit keeps setitimer()'s
+# argument well inside what it accepts.
+MAX_TIMEOUT = 30 * 86400.0
+MAX_RETRY_BACKOFF = 30 * 86400.0
+# run_after lies at most this far from now (either way): seconds, timedelta or datetime.
+MAX_RUN_AFTER = 100 * 366 * 86400.0
+# Levels of lists/dicts inside one argument. The stored args list adds one level, and
+# MariaDB's JSON_VALID() refuses documents nested 32 levels deep.
+MAX_NESTING = 30
+
+
+def unknown_options(function: str, given: Any, valid: tuple[str, ...] = ENQUEUE_OPTIONS) -> None:
+    """Raise TypeError naming ``function`` for options it does not take.
+
+    A TypeError, not InvalidJob: a misspelt option is a mistake in the calling code,
+    like any unexpected keyword argument, and must not be caught by handlers that turn
+    InvalidJob (bad data) into a message for a user.
+    """
+    unknown = sorted(name for name in given if name not in valid)
+    if not unknown:
+        return
+    name = unknown[0]
+    close = difflib.get_close_matches(str(name), valid, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else "."
+    raise TypeError(
+        f"{function} got an unexpected option {name!r}{hint} Valid options: {', '.join(valid)}."
+    )
+
+
+def check_queue_name(queue: Any) -> str:
+    if not isinstance(queue, str) or not queue.strip():
+        raise InvalidJob("queue must be a non-empty string.")
+    if len(queue) > QUEUE_NAME_MAX:
+        raise InvalidJob(
+            f"queue name {queue[:20]!r}... is longer than {QUEUE_NAME_MAX} characters."
+        )
+    return queue
+
+
+def check_priority(priority: Any) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidJob(f"priority must be an integer, not {priority!r}.")
+    if not PRIORITY_RANGE[0] <= priority <= PRIORITY_RANGE[1]:
+        raise InvalidJob(f"priority must be between {PRIORITY_RANGE[0]} and {PRIORITY_RANGE[1]}.")
+    return priority
+
+
+def check_max_attempts(max_attempts: Any) -> int:
+    if (
+        isinstance(max_attempts, bool)
+        or not isinstance(max_attempts, int)
+        or not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT
+    ):
+        raise InvalidJob(
+            f"max_attempts must be an integer of at least 1 and at most {MAX_ATTEMPTS_LIMIT}, "
+            f"not {max_attempts!r}."
+        )
+    return max_attempts
+
+
+def seconds(value: Any, name: str) -> float:
+    """``value`` as a finite float; NaN and infinities are refused."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidJob(f"{name} must be a number of seconds, not {value!r}.")
+    try:
+        number = float(value)
+    except OverflowError:  # an int too large for a float
+        number = math.inf
+    if not math.isfinite(number):
+        raise InvalidJob(f"{name} must be a finite number of seconds, not {value!r}.")
+    return number
+
+
+def check_timeout(value: Any) -> float | None:
+    if value is None:
+        return None
+    number = seconds(value, "timeout")
+    if not 0 < number <= MAX_TIMEOUT:
+        raise InvalidJob(
+            f"timeout must be a positive number of seconds of at most {MAX_TIMEOUT:g} "
+            f"(30 days), not {value!r}; leave it out for no limit."
+        )
+    return number
+
+
+def check_retry_backoff(value: Any) -> float | None:
+    if value is None:
+        return None
+    number = seconds(value, "retry_backoff")
+    if not 0 <= number <= MAX_RETRY_BACKOFF:
+        raise InvalidJob(
+            f"retry_backoff must be a number of seconds from 0 to {MAX_RETRY_BACKOFF:g} "
+            f"(30 days), not {value!r}."
+        )
+    return number
+
+
+def check_delay(value: float, what: str) -> float:
+    if abs(value) > MAX_RUN_AFTER:
+        raise InvalidJob(
+            f"run_after must lie within {MAX_RUN_AFTER:g} seconds (100 years) of now, not {what}."
+        )
+    return value
+
+
+def check_nesting(value: list[Any] | dict[str, Any], what: str) -> None:
+    """Refuse arguments nested deeper than :data:`MAX_NESTING` levels.
+
+    Walks with a stack, not recursion: the point is to refuse 5,000 levels without a
+    RecursionError. Only containers are pushed, so flat arguments cost one pass.
+    """
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        current, depth = stack.pop()
+        items = current.values() if isinstance(current, dict) else current
+        for item in items:
+            if isinstance(item, list | tuple | dict):
+                if depth + 1 > MAX_NESTING:
+                    raise InvalidJob(
+                        f"Job {what} are nested deeper than {MAX_NESTING} levels of lists and "
+                        "dicts. Pass flatter data (or an id to look the data up)."
+                    )
+                stack.append((item, depth + 1))
