@@ -47,6 +47,7 @@ else:  # ModelAdmin is generic only in the type stubs
 
 REQUEUEABLE = (Job.Status.FAILED, Job.Status.CANCELLED, Job.Status.DONE)
 PAYLOAD_SECTION = "Call"  # the fieldset of a job's args, kwargs and result
+PAYLOAD_FIELDS = ("args", "kwargs", "result")
 NOT_FINISHED = "only failed, cancelled or done jobs can be requeued."
 # Columns the list never shows: left out so a page of 100 jobs does not drag in their
 # arguments, results and tracebacks.
@@ -208,6 +209,15 @@ class JobAdmin(_ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Job | None = None) -> Any:
         # Every field shown is read-only; a field not shown is not on the page at all.
         return flatten_fieldsets(self.get_fieldsets(request, obj))
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        # The admin allows any lookup on a model's own fields from the URL: hidden
+        # payloads would be readable one guess at a time (?result__PASSWORD__startswith=h).
+        if lookup.split("__", 1)[0] in PAYLOAD_FIELDS and (
+            request is None or not self.payloads_visible(request)
+        ):
+            return False
+        return super().lookup_allowed(lookup, value, request)  # type: ignore[arg-type]
 
     # -- list --------------------------------------------------------------------------
 
