@@ -136,8 +136,8 @@ def check_delay(value: float, what: str) -> float:
 def check_nesting(value: list[Any] | dict[str, Any], what: str) -> None:
     """Refuse arguments nested deeper than :data:`MAX_NESTING` levels.
 
-    Walks with a stack, not recursion: the point is to refuse 5,000 levels without a
-    RecursionError. Only containers are pushed, so flat arguments cost one pass.
+    Walks with a stack, not recursion, so any depth is refused without a RecursionError.
+    Only containers are pushed, so flat arguments cost one pass.
     """
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
@@ -146,8 +146,12 @@ def check_nesting(value: list[Any] | dict[str, Any], what: str) -> None:
         for item in items:
             if isinstance(item, list | tuple | dict):
                 if depth + 1 > MAX_NESTING:
-                    raise InvalidJob(
-                        f"Job {what} are nested deeper than {MAX_NESTING} levels of lists and "
-                        "dicts. Pass flatter data (or an id to look the data up)."
-                    )
+                    raise too_deep(what)
                 stack.append((item, depth + 1))
+
+
+def too_deep(what: str) -> InvalidJob:
+    return InvalidJob(
+        f"Job {what} are nested deeper than {MAX_NESTING} levels of lists and dicts. Pass "
+        "flatter data (or an id to look the data up)."
+    )

@@ -71,16 +71,20 @@ def _check_json(value: list[Any] | dict[str, Any], what: str) -> tuple[Any, int]
     """(the value as the job will receive it, the length of its JSON text)."""
     if not value:
         return type(value)(), 2
-    bounds.check_nesting(value, what)
     try:
         # Round-trip so what is stored is exactly what the job will receive
         # (tuples become lists) and NaN/Infinity, which JSON lacks, are refused.
         text = json.dumps(value, allow_nan=False)
+    except RecursionError:
+        raise bounds.too_deep(what) from None
     except (TypeError, ValueError) as exc:
         raise InvalidJobArguments(
             f"Job {what} must be JSON-serializable (str, int, float, bool, None, list, dict): "
             f"{exc}. Pass ids or plain data instead of objects."
         ) from None
+    # Nesting cannot be deeper than the brackets in the text: most arguments need no walk.
+    if text.count("[") + text.count("{") > bounds.MAX_NESTING + 1:
+        bounds.check_nesting(value, what)
     if "\\u0000" in text and _JSON_NUL.search(text):
         raise InvalidJob(
             f"Job {what} contain a NUL character (\\x00), which PostgreSQL cannot store in "

@@ -239,7 +239,11 @@ def path_for_enqueue(task: Any, validate: bool = True) -> tuple[str, dict[str, A
     off, a path string the registry does not know is accepted as it is (producers
     without the workers' code); workers still run only what their registry knows.
     """
-    if isinstance(task, str):
+    if type(task) is types.FunctionType:  # the usual case: a registered function
+        entry = _registry.get(f"{task.__module__}.{task.__qualname__}")
+        if entry is not None:
+            return entry.path, entry.defaults
+    elif isinstance(task, str):
         entry = _registry.get(task)
         if entry is not None:
             return entry.path, entry.defaults
