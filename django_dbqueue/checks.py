@@ -278,12 +278,25 @@ def check_task_settings(**kwargs: Any) -> list[checks.CheckMessage]:
     return errors
 
 
-def register() -> None:
-    """Register the checks (AppConfig.ready() calls this once)."""
+def check_scheduled_tasks(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """DBQUEUE['SCHEDULE'], its tasks looked up in the task registry."""
+    from django_dbqueue import registry
     from django_dbqueue.scheduling.checks import check_schedules
 
+    def is_registered(path: str) -> bool:
+        try:
+            registry.find(path)
+        except Exception:  # unregistered, or the task modules fail to import (E402)
+            return False
+        return True
+
+    return check_schedules(app_configs, is_registered=is_registered, **kwargs)
+
+
+def register() -> None:
+    """Register the checks (AppConfig.ready() calls this once)."""
     checks.register(check_setting_names, "django_dbqueue")
     checks.register(check_queue_settings, "django_dbqueue")
     checks.register(check_task_settings, "django_dbqueue")
     checks.register(check_lock_settings, "django_dbqueue")
-    checks.register(check_schedules, "django_dbqueue")
+    checks.register(check_scheduled_tasks, "django_dbqueue")

@@ -21,7 +21,7 @@ from django.core.management import call_command
 from django.db import connection
 
 from django_dbqueue import enqueue, enqueue_many, job, registry
-from django_dbqueue.checks import check_task_settings
+from django_dbqueue.checks import check_scheduled_tasks, check_task_settings
 from django_dbqueue.exceptions import InvalidJob, UnregisteredTask
 from django_dbqueue.models import Job
 from django_dbqueue.worker.execution import lookup
@@ -410,3 +410,15 @@ def test_checks_refuse_bad_settings(settings: Any, key: str, value: Any, check_i
 
 def test_checks_pass_on_the_test_project() -> None:
     assert check_task_settings() == []
+
+
+def test_a_schedule_naming_an_unregistered_task_is_a_check_error(settings: Any) -> None:
+    settings.DBQUEUE = {
+        **settings.DBQUEUE,
+        "SCHEDULE": {
+            "pwn": {"task": "os.system", "every": 60, "args": ["id"]},
+            "fine": {"task": "tests.support.jobs.noop", "every": 60},
+        },
+    }
+    [error] = check_scheduled_tasks()
+    assert error.id == "django_dbqueue.E305" and "'pwn'" in error.msg
