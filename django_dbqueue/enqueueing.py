@@ -210,7 +210,8 @@ def enqueue(
 ) -> Job:
     """Add a job; it becomes visible to workers when the surrounding transaction commits.
 
-    ``task`` is a module-level callable or its dotted path. Options: queue, priority,
+    ``task`` is a registered task (an ``@job`` function or a Django ``@task``) or its
+    dotted path; anything else raises InvalidJob. Options: queue, priority,
     run_after (datetime, timedelta or seconds), max_attempts, timeout, retry_backoff,
     unique_key. With ``unique_key`` set and a job of that key still waiting or running,
     that job is returned instead of a new one. A misspelt option is a TypeError.
