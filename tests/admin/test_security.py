@@ -180,6 +180,29 @@ def test_an_action_posted_with_a_nul_filter_changes_nothing(operator: Client) ->
     assert Job.objects.filter(pk=job.pk).exists()
 
 
+@pytest.mark.parametrize(
+    "query",
+    [
+        {"p": "²"},
+        {"p": "9" * 5000},
+        {"o": "²"},
+        {"o": "9" * 5000},
+        {"status__exact": "²"},
+        {"queue": "²" * 100},
+        {"task": "x" * 5000},
+        {"_to_field": "args"},
+        {"e": "²"},
+    ],
+    ids=lambda query: next(iter(query)),
+)
+def test_other_crafted_list_parameters_are_not_a_500(
+    operator: Client, query: dict[str, str]
+) -> None:
+    make(S.FAILED)
+    response = operator.get(reverse(CHANGELIST), query)
+    assert response.status_code < 500
+
+
 def test_unknown_failed_since_value_matches_nothing(operator: Client) -> None:
     make(S.FAILED, finished_at=timezone.now())
     make(S.DONE)
