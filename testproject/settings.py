@@ -152,7 +152,7 @@ if QUEUE_DB:
     # Database locks beside the queue: their fencing tokens live in dbqueue_counter.
     DBQUEUE["LOCK_DATABASE_ALIAS"] = "queue"
 if importlib.util.find_spec("django_tasks") or importlib.util.find_spec("django.tasks"):
-    DBQUEUE["TASK_MODULES"].append("tests.support.task_functions")
+    DBQUEUE["TASK_MODULES"] += ["tests.support.task_functions", "tests.support.conformance_tasks"]
 
 # @task functions (Django Tasks) go through the same Job table and run_jobs workers.
 TASKS = {"default": {"BACKEND": "django_dbqueue.backends.DBQueueBackend"}}

@@ -226,8 +226,8 @@ class DBQueueBackend(BaseTaskBackend):
             return task_result_from_job(job)
         except TaskNotFound as exc:
             raise TaskResultDoesNotExist(
-                f"Job {job.pk} ran the task {job.task}, which is not a registered task now, so there is "
-                f"no Task to read it as ({exc}); read it with django_dbqueue.models.Job."
+                f"Job {job.pk} ran the task {job.task}, which is not a registered task now, so "
+                f"there is no Task to read it as ({exc}); read it with django_dbqueue.models.Job."
             ) from None
 
     # -- system checks ----------------------------------------------------------------

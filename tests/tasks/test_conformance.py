@@ -28,8 +28,12 @@ from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from django_dbqueue import enqueue
-from django_dbqueue.exceptions import InvalidJob, InvalidJobArguments, TaskNotFound
+from django_dbqueue import enqueue, registry
+from django_dbqueue.exceptions import (
+    InvalidJob,
+    InvalidJobArguments,
+    UnregisteredTask,
+)
 from django_dbqueue.models import Job
 from django_dbqueue.tasks.backend import DBQueueBackend, DBQueueTask
 from django_dbqueue.tasks.compat import (
@@ -720,6 +724,9 @@ def module_only_here(tmp_path: Path, name: str, source: str) -> Iterator[Any]:
     finally:
         sys.path.remove(str(tmp_path))
         sys.modules.pop(name, None)
+        # And out of the task registry, as in a process that never had the module.
+        for path in [p for p in registry._registry if p.startswith(f"{name}.")]:
+            del registry._registry[path]
 
 
 @pytest.mark.processes
@@ -742,10 +749,10 @@ def test_task_that_no_longer_imports_fails_with_an_import_error(
     assert fetched.status == TaskResultStatus.FAILED
     [error] = fetched.errors
     assert issubclass(error.exception_class, ImportError)
-    assert error.exception_class is TaskNotFound
+    assert error.exception_class is UnregisteredTask  # a TaskNotFound: never retried
     assert "conformance_vanishing" in error.traceback
     # Without the module, the job is no task result any more; the row says why.
-    with pytest.raises(TaskResultDoesNotExist, match="no longer imports"):
+    with pytest.raises(TaskResultDoesNotExist, match="not a registered task"):
         task_backends["default"].get_result(result.id)
     stored = Job.objects.get(pk=int(result.id)).errors[0]["exception_class_path"]
     recorded = TaskError(exception_class_path=stored, traceback="")
