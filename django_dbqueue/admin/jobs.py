@@ -36,6 +36,7 @@ from django_dbqueue.admin.filters import (
     parse_job_id,
 )
 from django_dbqueue.admin.paginator import CappedCountPaginator
+from django_dbqueue.admin.scheduling import SchedulingAdmin, dashboard_context
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Job
 from django_dbqueue.queue.actions import JobQuerySet
@@ -70,7 +71,7 @@ class JobChangeList(ChangeList):
 
 
 @admin.register(Job)
-class JobAdmin(_ModelAdmin):
+class JobAdmin(SchedulingAdmin, _ModelAdmin):
     list_display = (
         "id",
         "task",
@@ -101,7 +102,15 @@ class JobAdmin(_ModelAdmin):
     paginator = CappedCountPaginator
     # Exact counts up to this many rows; beyond it "more than N" or the table estimate.
     count_limit = 10_000
-    actions = ("requeue_jobs", "requeue_jobs_now", "cancel_jobs", "run_jobs_now", "delete_jobs")
+    actions = (
+        "requeue_jobs",
+        "requeue_jobs_now",
+        "cancel_jobs",
+        "run_jobs_now",
+        "delete_jobs",
+        "pause_queues",
+        "resume_queues",
+    )
     fieldsets = (
         (None, {"fields": ("id", "task", "queue", "status_display", "priority", "backend")}),
         ("Call", {"fields": ("args_display", "kwargs_display", "result_display")}),
@@ -379,6 +388,14 @@ class JobAdmin(_ModelAdmin):
             "only queued jobs can be run now.",
         )
 
+    @admin.action(permissions=["change"], description="Pause the queues of these jobs")
+    def pause_queues(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        self._switch_selected(request, queryset, pause=True)
+
+    @admin.action(permissions=["change"], description="Resume the queues of these jobs")
+    def resume_queues(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        self._switch_selected(request, queryset, pause=False)
+
     @admin.action(permissions=["delete"], description="Delete (except running jobs)")
     def delete_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
         if request.POST.get("post") != "yes":
@@ -420,7 +437,7 @@ class JobAdmin(_ModelAdmin):
                 name="{}_{}_operate".format(*info),
             ),
         ]
-        return extra + super().get_urls()
+        return extra + self.scheduling_urls() + super().get_urls()
 
     def dashboard_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):
@@ -438,6 +455,7 @@ class JobAdmin(_ModelAdmin):
             "failures": dashboard.recent_failures(),
             "can_change": self.has_change_permission(request),
             "count_limit": self.count_limit,
+            **dashboard_context(),
         }
         return TemplateResponse(request, "admin/django_dbqueue/dashboard.html", context)
 
