@@ -69,7 +69,8 @@ class Remains:
 
     @classmethod
     def read(cls, index: int, name: str, exitcode: int | None, slot: Slot) -> Remains:
-        return cls(index, name, exitcode, slot.running(), slot.held(), slot.done_log())
+        running = slot.running(writer_gone=True)
+        return cls(index, name, exitcode, running, slot.held(), slot.done_log())
 
 
 def describe_exit(exitcode: int | None) -> str:
@@ -129,8 +130,8 @@ def _record_done(remains: Remains) -> set[int]:
         for entry in remains.done
     ]
     finished = Job.objects.finish_done(remains.name, jobs)
-    for job in jobs:
-        if job.id in finished:
+    if finished:
+        for job in Job.objects.filter(pk__in=finished):
             signals.job_finished.send(Job, job=job, worker=remains.name, result=job.result)
     remains.outcome.done += len(finished)
     return finished

@@ -143,14 +143,17 @@ class Slot:
 
     # -- read (and the cancellations written) by the keeper ----------------------------
 
-    def running(self) -> Running | None:
+    def running(self, writer_gone: bool = False) -> Running | None:
+        """The running job, or None. Once the writer is gone, a write it left half done
+        is read as it stands; while it lives, a reader that keeps catching it mid-write
+        (a child stopped with SIGSTOP) gives up and sees nothing this time."""
         h = self._h
-        while True:
+        for _ in range(1000):
             seq = h.seq
             entry = Running(h.job_id, h.phase, h.started, h.started_wall, h.deadline)
-            if seq % 2 == 0 and h.seq == seq:
-                break
-        return entry if entry.job_id else None
+            if writer_gone or (seq % 2 == 0 and h.seq == seq):
+                return entry if entry.job_id else None
+        return None
 
     def held(self) -> list[int]:
         count = min(self._h.count, self.capacity)
@@ -164,7 +167,10 @@ class Slot:
             offset += _RECORD.size
             result = None
             if length >= 0:
-                result = json.loads(bytes(self._log[offset : offset + length]))
+                try:
+                    result = json.loads(bytes(self._log[offset : offset + length]))
+                except ValueError:
+                    break  # not what the worker wrote: the rest is settled as unfinished
                 offset += length
             entries.append(Done(job_id, started_wall, result))
         return entries

@@ -11,9 +11,11 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
 from django_dbqueue import enqueue, enqueue_many
 from django_dbqueue.models import Job
@@ -86,21 +88,15 @@ def crash_until_failed(
     assert not Job.objects.filter(status=Job.Status.CLAIMED).exists()
 
 
-def test_job_that_exits_the_process_fails_alone(
-    processes: Processes, worker_env: EnvMaker
-) -> None:
+def test_job_that_exits_the_process_fails_alone(processes: Processes, worker_env: EnvMaker) -> None:
     crash_until_failed(processes, worker_env, hostile.exit_hard, "exited with code 1")
 
 
 def test_job_that_segfaults_fails_alone(processes: Processes, worker_env: EnvMaker) -> None:
-    crash_until_failed(
-        processes, worker_env, hostile.segfault, "was killed by signal 11 (SIGSEGV)"
-    )
+    crash_until_failed(processes, worker_env, hostile.segfault, "was killed by signal 11 (SIGSEGV)")
 
 
-def survive_exception(
-    processes: Processes, worker_env: EnvMaker, task: object, named: str
-) -> None:
+def survive_exception(processes: Processes, worker_env: EnvMaker, task: object, named: str) -> None:
     innocents, bad = batch_around(task, max_attempts=1)
     proc = processes.run_jobs("--batch-size", "10", env=worker_env(**LONG_LEASE))
     wait_until(lambda: len(children()) == 1, timeout=30)
@@ -118,9 +114,7 @@ def test_system_exit_is_a_failed_attempt(processes: Processes, worker_env: EnvMa
     survive_exception(processes, worker_env, hostile.raise_system_exit, "SystemExit: 3")
 
 
-def test_keyboard_interrupt_is_a_failed_attempt(
-    processes: Processes, worker_env: EnvMaker
-) -> None:
+def test_keyboard_interrupt_is_a_failed_attempt(processes: Processes, worker_env: EnvMaker) -> None:
     survive_exception(processes, worker_env, hostile.raise_keyboard_interrupt, "KeyboardInterrupt")
 
 
@@ -223,3 +217,95 @@ def test_sigkill_of_a_child_mid_batch_frees_its_batch_at_once(
     stop(proc)
     assert list(Job.objects.values_list("attempts", flat=True).order_by("id")) == [2] + [1] * 5
     assert all(Execution.objects.filter(key=f"m{i}").count() == 1 for i in range(6))
+
+
+def test_sigkill_of_the_supervisor_takes_its_children_and_lease_recovery_takes_over(
+    processes: Processes, worker_env: EnvMaker
+) -> None:
+    env = worker_env(LEASE_TIMEOUT=2, HEARTBEAT_INTERVAL=0.3, POLL_INTERVAL=0.2)
+    running = enqueue(jobs.record, ["long"], {"sleep": 30.0})
+    waiting = enqueue_many({"task": jobs.record, "args": [f"w{i}"]} for i in range(3))
+    victim = processes.run_jobs("--concurrency", "2", "--batch-size", "10", env=env)
+    wait_until(lambda: WorkerRow.objects.filter(running_job_id=running.pk).exists(), timeout=30)
+    pids = [row.pid for row in children()]
+    assert len(pids) == 2
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(10)
+    wait_until(lambda: all(pid_gone(pid) for pid in pids), timeout=5, interval=0.02)
+    assert Job.objects.filter(status=Job.Status.CLAIMED).count() == 4, "left to lease recovery"
+    rescuer = processes.run_jobs("--burst", env=env)
+    out, _ = rescuer.communicate(timeout=60)
+    assert rescuer.returncode == 0, out
+    # The running job was charged its attempt and ran again; the ones that were waiting
+    # in the same batch were not charged and ran once.
+    running.refresh_from_db()
+    assert (running.status, running.attempts) == (Job.Status.DONE, 2)
+    assert Execution.objects.filter(key="long").count() == 1, "the killed run never finished"
+    assert "stopped renewing its lease while running this job" in running.last_error
+    for job in waiting:
+        job.refresh_from_db()
+        assert (job.status, job.attempts) == (Job.Status.DONE, 1)
+        assert "before it started this job (attempt not counted)" in job.last_error
+        assert Execution.objects.filter(key=job.args[0]).count() == 1
+
+
+def test_cancelled_job_stuck_in_c_is_killed_after_the_grace(
+    processes: Processes, worker_env: EnvMaker
+) -> None:
+    stuck = enqueue(hostile.stuck_in_c)
+    after = enqueue(jobs.add, [2, 2])
+    proc = processes.run_jobs("--batch-size", "10", env=worker_env(**LONG_LEASE, KILL_GRACE=1))
+    wait_until(lambda: WorkerRow.objects.filter(running_job_id=stuck.pk).exists(), timeout=30)
+    asked = time.monotonic()
+    assert Job.objects.filter(pk=stuck.pk).cancel() == (0, 1), "asked, not yet stopped"
+    wait_until(lambda: Job.objects.get(pk=stuck.pk).status == Job.Status.CANCELLED, timeout=30)
+    # Noticed at the next heartbeat (0.3 s), SIGUSR1 cannot stop C code, SIGKILL 1 s later.
+    assert time.monotonic() - asked < 0.3 + 1 + 2.0
+    wait_until(lambda: Job.objects.get(pk=after.pk).status == Job.Status.DONE, timeout=30)
+    stop(proc)
+    stuck.refresh_from_db()
+    assert "was cancelled by an operator" in stuck.last_error
+    assert "killed its worker process" in stuck.last_error
+    assert stuck.attempts == 1
+
+
+def test_two_sigterms_stop_run_jobs_within_the_grace_even_in_c_code(
+    processes: Processes, worker_env: EnvMaker
+) -> None:
+    stuck = enqueue(hostile.stuck_in_c)
+    waiting = enqueue(jobs.add, [1, 1])
+    grace = 1.0
+    proc = processes.run_jobs(
+        "--concurrency", "2", "--batch-size", "10", env=worker_env(**LONG_LEASE, KILL_GRACE=grace)
+    )
+    wait_until(lambda: WorkerRow.objects.filter(running_job_id=stuck.pk).exists(), timeout=30)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert proc.poll() is None, "the first signal waits for the running job"
+    proc.send_signal(signal.SIGTERM)
+    second = time.monotonic()
+    out, _ = proc.communicate(timeout=30)
+    assert time.monotonic() - second < grace + 2.0, out
+    assert proc.returncode == 0, out
+    stuck.refresh_from_db()
+    assert (stuck.status, stuck.attempts) == (Job.Status.QUEUED, 1), "retried later, not lost"
+    assert "WorkerShutdown: run_jobs was stopped by a second signal" in stuck.last_error
+    waiting.refresh_from_db()
+    assert (waiting.status, waiting.attempts) == (Job.Status.QUEUED, 0), "handed back"
+    assert not WorkerRow.objects.exists()
+    assert all(pid_gone(int(pid)) for pid in [proc.pid])
+
+
+def test_burst_recovers_jobs_of_dead_workers_before_claiming(
+    processes: Processes, worker_env: EnvMaker
+) -> None:
+    orphan = enqueue(jobs.record, ["orphan"])
+    assert [job.pk for job in Job.objects.claim("gone-host:4242:dead00", 10)] == [orphan.pk]
+    Job.objects.filter(pk=orphan.pk).update(owner_date=timezone.now() - timedelta(minutes=5))
+    proc = processes.run_jobs("--burst", env=worker_env(LEASE_TIMEOUT=60))
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    orphan.refresh_from_db()
+    assert orphan.status == Job.Status.DONE, out
+    assert "Finished: 1 done" in out
+    assert Execution.objects.filter(key="orphan").count() == 1
