@@ -72,8 +72,8 @@ def recover() -> None:
 
 class Keeper:
     def __init__(self) -> None:
-        # member name -> (job id, when) of the cancellation interrupt sent to it
-        self.interrupted: dict[str, tuple[int, float]] = {}
+        # member name -> (the run interrupted: its job id and start, when it was sent)
+        self.interrupted: dict[str, tuple[int, float, float]] = {}
         self._shown: dict[str, int | None] = {}  # member name -> job id its row shows
 
     def forget(self, name: str) -> None:
@@ -129,8 +129,10 @@ class Keeper:
         if running is not None and running.phase == RUNNING and running.job_id in cancelled:
             target = running.job_id
         member.slot.request_cancel(sorted(cancelled), target)
-        if target and self.interrupted.get(member.name, (0, 0.0))[0] != target:
-            self.interrupted[member.name] = (target, time.monotonic())
+        if running is None or not target:
+            self.interrupted.pop(member.name, None)
+        elif self.interrupted.get(member.name, (0, 0.0, 0.0))[:2] != (target, running.started):
+            self.interrupted[member.name] = (target, running.started, time.monotonic())
             member.interrupt()
 
 

@@ -243,7 +243,11 @@ class Supervisor:
                 self._kill(child, deaths.TIMEOUT, running)
                 continue
             sent = self.keeper.interrupted.get(child.name)
-            if sent is not None and sent[0] == running.job_id and now > sent[1] + self._grace:
+            if (
+                sent is not None
+                and sent[:2] == (running.job_id, running.started)
+                and now > sent[2] + self._grace
+            ):
                 self._kill(child, deaths.CANCEL, running)
 
     def _kill(self, child: Child, reason: str, running: Running | None) -> None:
