@@ -56,7 +56,6 @@ class Outcome:
 class Remains:
     """What a dead child's slot said, read before the slot is handed to a new child."""
 
-    index: int
     name: str
     exitcode: int | None
     running: Running | None
@@ -68,9 +67,9 @@ class Remains:
     steps: set[str] = field(default_factory=set)
 
     @classmethod
-    def read(cls, index: int, name: str, exitcode: int | None, slot: Slot) -> Remains:
+    def read(cls, name: str, exitcode: int | None, slot: Slot) -> Remains:
         running = slot.running(writer_gone=True)
-        return cls(index, name, exitcode, running, slot.held(), slot.done_log())
+        return cls(name, exitcode, running, slot.held(), slot.done_log())
 
 
 def describe_exit(exitcode: int | None) -> str:

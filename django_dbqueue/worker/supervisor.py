@@ -173,13 +173,17 @@ class Supervisor:
             child.process.join()
             del self._children[index]
             code = child.process.exitcode
-            remains = deaths.Remains.read(index, child.name, code, child.slot)
+            remains = deaths.Remains.read(child.name, code, child.slot)
             remains.kill = child.kill
             done, failed, retried = child.slot.totals()
             self._retired.done += done
             self._retired.failed += failed
             self._retired.retried += retried
-            self._processed[index] += done + failed + retried
+            # What it leaves behind counts towards its slot's --max-jobs share now, so a
+            # replacement started before the settling gets the right share.
+            logged = {entry.job_id for entry in remains.done}
+            crashed = remains.running is not None and remains.running.job_id not in logged
+            self._processed[index] += done + failed + retried + len(logged) + crashed
             self.keeper.forget(child.name)
             self._graves.append(remains)
             # Exit code 0: the child ran out of work (--burst, --max-jobs) or was told to
@@ -208,7 +212,6 @@ class Supervisor:
             self._retired.done += outcome.done
             self._retired.failed += outcome.failed
             self._retired.retried += outcome.retried
-            self._processed[remains.index] += outcome.done + outcome.failed + outcome.retried
             if outcome.given_back:
                 logger.info(
                     "Supervisor: gave back %s unstarted job(s) of worker %s",

@@ -315,3 +315,20 @@ def test_burst_recovers_jobs_of_dead_workers_before_claiming(
     assert orphan.status == Job.Status.DONE, out
     assert "Finished: 1 done" in out
     assert Execution.objects.filter(key="orphan").count() == 1
+
+
+def test_max_jobs_is_shared_by_the_children_and_survives_a_crash(
+    processes: Processes, worker_env: EnvMaker
+) -> None:
+    enqueue(hostile.exit_hard, max_attempts=1)
+    enqueue_many({"task": jobs.record, "args": [f"x{i}"]} for i in range(10))
+    proc = processes.run_jobs(
+        "--concurrency", "2", "--batch-size", "2", "--max-jobs", "6", env=worker_env(**LONG_LEASE)
+    )
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    # The crash counts as one of the six: five innocent jobs ran.
+    assert Job.objects.filter(status=Job.Status.FAILED).count() == 1
+    assert Job.objects.filter(status=Job.Status.DONE).count() == 5
+    assert "Finished: 5 done, 1 failed, 0 retried" in out
+    assert not Job.objects.filter(status=Job.Status.CLAIMED).exists()
