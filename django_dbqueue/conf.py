@@ -31,6 +31,9 @@ DEFAULTS: dict[str, Any] = {
     "LEASE_TIMEOUT": 60.0,  # a claimed job whose lease is this old is recovered
     "HEARTBEAT_INTERVAL": 10.0,  # how often a live worker renews its leases
     "JOB_TIMEOUT": None,  # seconds; None = no limit unless the job sets one
+    # Seconds a running job gets to stop by itself (past its timeout, after an operator's
+    # cancel, after a second SIGTERM) before the supervisor SIGKILLs its worker process.
+    "KILL_GRACE": 5.0,
     "RETRY_BACKOFF": 2.0,  # first retry delay in seconds, doubled per attempt
     "RETRY_BACKOFF_MAX": 3600.0,
     "RETRY_JITTER": 0.2,  # +/- fraction applied to each delay

@@ -95,9 +95,24 @@ class Job(models.Model):
 
 
 class WorkerProcess(models.Model):
-    """A running worker process (``run_jobs``); it renews ``heartbeat_at`` while alive."""
+    """A process of ``run_jobs``: a supervisor, or one of its children that run the jobs.
+
+    The supervisor writes every row of its host's processes (``heartbeat_at`` while they
+    live, the running job once it has run for a moment); lease recovery reads
+    ``running_job_id`` to tell the job a dead worker was running from those it had not
+    started.
+    """
+
+    class Role(models.TextChoices):
+        SUPERVISOR = "supervisor"
+        CHILD = "child"  # runs jobs under a supervisor
+        WORKER = "worker"  # runs jobs in-process, unsupervised (Worker.run() called directly)
 
     name = models.CharField(max_length=255, unique=True)
+    role = models.CharField(max_length=16, choices=Role.choices, default=Role.WORKER)
+    supervisor = models.CharField(
+        max_length=255, blank=True, default="", help_text="Name of the supervisor of a child."
+    )
     host = models.CharField(max_length=255)
     pid = models.PositiveIntegerField()
     queues = models.JSONField(default=list)
@@ -106,6 +121,10 @@ class WorkerProcess(models.Model):
     jobs_done = models.PositiveBigIntegerField(default=0)
     jobs_failed = models.PositiveBigIntegerField(default=0)
     stopping = models.BooleanField(default=False)
+    running_job_id = models.BigIntegerField(
+        null=True, blank=True, help_text="The job it is running (once it has run for a moment)."
+    )
+    running_since = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         db_table = "dbqueue_worker"

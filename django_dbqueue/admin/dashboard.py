@@ -63,10 +63,19 @@ class WorkerRow:
     worker: WorkerProcess
     alive: bool
     seconds_since_heartbeat: float
+    running_for: timedelta | None = None
 
     @property
     def heartbeat_label(self) -> str:
         return humanize(timedelta(seconds=self.seconds_since_heartbeat))
+
+    @property
+    def running_label(self) -> str:
+        return humanize(self.running_for) if self.running_for is not None else ""
+
+    @property
+    def is_child(self) -> bool:
+        return self.worker.role == WorkerProcess.Role.CHILD
 
 
 @dataclass
@@ -166,9 +175,22 @@ def throughput_chart(
 
 
 def worker_rows(now: datetime) -> list[WorkerRow]:
+    """Every process row, each supervisor followed by its children."""
+    workers = list(WorkerProcess.objects.order_by("host", "pid", "name"))
+    names = {worker.name for worker in workers}
+
+    def place(worker: WorkerProcess) -> tuple[str, str, bool, int]:
+        group = worker.supervisor if worker.supervisor in names else worker.name
+        return (worker.host, group, worker.role == WorkerProcess.Role.CHILD, worker.pid)
+
     return [
-        WorkerRow(worker, is_alive(worker, now), (now - worker.heartbeat_at).total_seconds())
-        for worker in WorkerProcess.objects.order_by("host", "pid", "name")
+        WorkerRow(
+            worker,
+            is_alive(worker, now),
+            (now - worker.heartbeat_at).total_seconds(),
+            now - worker.running_since if worker.running_since is not None else None,
+        )
+        for worker in sorted(workers, key=place)
     ]
 
 

@@ -1,4 +1,7 @@
-"""The admin's list of worker processes (read-only: each row mirrors a live process)."""
+"""The admin's list of worker processes: supervisors, their children and what each runs.
+
+Read-only: each row mirrors a live process (or a dead one, until its row expires).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,9 @@ from typing import TYPE_CHECKING
 
 from django.contrib import admin
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import format_html
 
 from django_dbqueue.admin import dashboard
 from django_dbqueue.models import WorkerProcess
@@ -21,8 +26,12 @@ else:  # ModelAdmin is generic only in the type stubs
 class WorkerAdmin(_ModelAdmin):
     list_display = (
         "name",
+        "role",
         "host",
         "pid",
+        "supervisor",
+        "running_job",
+        "running_since",
         "queues",
         "heartbeat_at",
         "alive",
@@ -30,11 +39,16 @@ class WorkerAdmin(_ModelAdmin):
         "jobs_failed",
         "stopping",
     )
+    list_filter = ("role", "host")
     ordering = ("host", "pid")
     readonly_fields = (
         "name",
+        "role",
         "host",
         "pid",
+        "supervisor",
+        "running_job",
+        "running_since",
         "queues",
         "started_at",
         "heartbeat_at",
@@ -42,10 +56,18 @@ class WorkerAdmin(_ModelAdmin):
         "jobs_failed",
         "stopping",
     )
+    fields = readonly_fields
 
     @admin.display(boolean=True, description="alive")
     def alive(self, worker: WorkerProcess) -> bool:
         return dashboard.is_alive(worker, timezone.now())
+
+    @admin.display(description="running job", ordering="running_job_id")
+    def running_job(self, worker: WorkerProcess) -> str:
+        if worker.running_job_id is None:
+            return "-"
+        url = reverse("admin:django_dbqueue_job_change", args=[worker.running_job_id])
+        return format_html('<a href="{}">#{}</a>', url, worker.running_job_id)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # workers register themselves

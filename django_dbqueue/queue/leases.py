@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from django.db.models import F
 from django.utils import timezone
 
 from django_dbqueue.conf import settings
@@ -46,8 +47,14 @@ def recover_expired(
 ) -> tuple[int, int]:
     """Requeue (or fail, when attempts are spent) jobs whose owner stopped renewing.
 
-    Returns (requeued, failed).
+    A live supervisor renews its children's leases and settles a dead child's jobs
+    itself, so what expires belongs to a host whose processes are all gone. The dead
+    worker's row (``WorkerProcess``) names the job it was running: that one is charged
+    the attempt the claim counted; the others had not started, and get it back. Without
+    a row to tell, the attempt stays counted. Returns (requeued, failed).
     """
+    from django_dbqueue.models import WorkerProcess
+
     lease = float(settings.LEASE_TIMEOUT if lease_timeout is None else lease_timeout)
     now = timezone.now()
     cutoff = now - timedelta(seconds=lease)
@@ -60,12 +67,25 @@ def recover_expired(
                 "id", "owner", "attempts", "max_attempts"
             )[:1000]
         )
+        running = dict(
+            WorkerProcess.objects.using(using)
+            .filter(name__in={row[1] for row in rows})
+            .values_list("name", "running_job_id")
+        )
         for job_id, owner, attempts, max_attempts in rows:
-            message = (
-                f"Recovered at {now.isoformat()}: worker {owner} stopped renewing its "
-                f"lease (attempt {attempts} of {max_attempts} counted)."
-            )
             guard = qs.filter(id=job_id, status=CLAIMED, owner=owner, owner_date__lt=cutoff)
+            lost = f"Recovered at {now.isoformat()}: worker {owner} stopped renewing its lease"
+            if owner in running and running[owner] != job_id:
+                requeued += guard.update(
+                    status=QUEUED,
+                    owner_date=None,
+                    run_after=now,
+                    attempts=F("attempts") - 1,
+                    last_error=f"{lost} before it started this job (attempt not counted).",
+                )
+                continue
+            doing = " while running this job" if owner in running else ""
+            message = f"{lost}{doing} (attempt {attempts} of {max_attempts} counted)."
             if attempts >= max_attempts:
                 failed += guard.update(
                     status=FAILED, finished_at=now, unique_key=None, last_error=message

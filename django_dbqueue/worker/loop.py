@@ -1,9 +1,11 @@
 """The worker loop: claim a batch, run it, record results, repeat.
 
-One :class:`Worker` runs in one process: its main thread runs jobs, and a heartbeat
-thread renews the leases of the jobs it holds, reports that it is alive, notices
-cancellations and recovers jobs of dead workers. ``run_jobs --concurrency N`` starts N
-of them under :class:`django_dbqueue.worker.supervisor.Supervisor`.
+One :class:`Worker` runs in one process and writes what it is doing to its slot
+(:mod:`.slots`). Under ``run_jobs`` it is a child of a
+:class:`~django_dbqueue.worker.supervisor.Supervisor`, which reads the slot to keep the
+worker's leases, relay cancellations, stop overrunning jobs and settle what the worker
+leaves behind if it dies. Run directly (``Worker(...).run()``), a worker keeps its own
+leases from a heartbeat thread (:class:`~django_dbqueue.worker.liveness.HeartbeatThread`).
 """
 
 from __future__ import annotations
@@ -11,49 +13,39 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 import traceback
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from types import FrameType
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connections
 from django.utils import timezone
 
 from django_dbqueue import signals
 from django_dbqueue.conf import settings
-from django_dbqueue.exceptions import (
-    JobCancelled,
-    JobTimeout,
-    RetryJob,
-    UnregisteredTask,
-    WorkerShutdown,
-)
+from django_dbqueue.exceptions import JobCancelled, RetryJob, UnregisteredTask, WorkerShutdown
 from django_dbqueue.models import Job
 from django_dbqueue.models import WorkerProcess as WorkerRow
 from django_dbqueue.scheduling.pausing import PauseWatcher
-from django_dbqueue.worker import wakeup
+from django_dbqueue.worker import rows, wakeup
+from django_dbqueue.worker.connections import (
+    TRANSIENT_ERRORS,
+    backoff,
+    refresh_connections,
+    retry_transient,
+)
 from django_dbqueue.worker.execution import call_job, time_limit
+from django_dbqueue.worker.liveness import HeartbeatThread, recover
+from django_dbqueue.worker.slots import Slot, SlotTable
 
 logger = logging.getLogger("django_dbqueue.worker")
 T = TypeVar("T")
 
-# "The database is busy or briefly gone": MySQL 1213 (deadlock) and 1205 (lock wait
-# timeout), 2006/2013 (server gone away, lost connection), SQLite "database is locked",
-# a PostgreSQL restart. Django raises all of them as OperationalError or InterfaceError.
-# They are retried at the top of the worker loop, never inside a caller's transaction.
-TRANSIENT_ERRORS: tuple[type[Exception], ...] = (OperationalError, InterfaceError)
-# Rows of workers silent for this long are deleted (admin shows them as dead until then).
-DEAD_WORKER_ROW_TTL = timedelta(hours=1)
-
 
 def make_worker_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+    return rows.process_name()
 
 
 @dataclass
@@ -65,30 +57,6 @@ class Stats:
     @property
     def processed(self) -> int:
         return self.done + self.failed + self.retried
-
-
-def refresh_connections() -> None:
-    """Drop connections that saw an error and no longer work, so the next query reconnects.
-
-    Unlike ``close_old_connections()`` this keeps healthy connections open whatever
-    CONN_MAX_AGE says: a worker reconnecting before every job would spend its time
-    connecting.
-    """
-    for conn in connections.all(initialized_only=True):
-        if conn.connection is None or conn.in_atomic_block:
-            continue
-        try:
-            if conn.errors_occurred:
-                if conn.is_usable():
-                    conn.errors_occurred = False
-                else:
-                    conn.close()
-        except DatabaseError:
-            conn.connection = None
-
-
-def backoff(failures: int) -> float:
-    return float(min(5.0, 0.1 * 2 ** min(failures, 6)))
 
 
 class Worker:
@@ -103,6 +71,7 @@ class Worker:
         handle_signals: bool = True,
         ignore_sigint: bool = False,
         parent_pid: int | None = None,
+        slot: Slot | None = None,
     ) -> None:
         self.queues = list(queues or settings.QUEUES)
         self.batch_size = int(batch_size or settings.BATCH_SIZE)
@@ -113,6 +82,11 @@ class Worker:
         self.handle_signals = handle_signals
         self.ignore_sigint = ignore_sigint
         self.parent_pid = parent_pid
+        # Given a slot, the worker is a supervisor's child: the supervisor keeps its
+        # leases and its row. Otherwise it keeps them itself, from a heartbeat thread.
+        self.supervised = slot is not None
+        self.slot = slot if slot is not None else SlotTable(1, self.batch_size)[0]
+        self.batch_size = min(self.batch_size, self.slot.capacity)
         self.stats = Stats()
         # Read once: these are consulted for every job.
         self._job_timeout = settings.JOB_TIMEOUT
@@ -123,15 +97,11 @@ class Worker:
         self._unstarted: list[Job] = []
         self._pending_done: list[Job] = []
         self._pending_since = 0.0
-        # Ids this worker holds (claimed, running or waiting to be recorded): the only
-        # leases the heartbeat renews. A claim whose COMMIT reply was lost leaves rows
-        # we own without knowing; not renewing them lets them expire and be recovered.
-        self._held: set[int] = set()
-        self._held_lock = threading.Lock()
-        self._cancel_ids: set[int] = set()
-        self._heartbeat: threading.Thread | None = None
-        # Separate from `stopping`: leases must be renewed until the last job is recorded.
-        self._heartbeat_stop = threading.Event()
+        # Job id -> its entry in the slot's held ids, until the job is recorded. Only
+        # those leases are renewed: a claim whose COMMIT reply was lost leaves rows we own
+        # without knowing; not renewing them lets them expire and be recovered.
+        self._index: dict[int, int] = {}
+        self._heartbeat: HeartbeatThread | None = None
         self._give_up_at: float | None = None  # set while stopping; see _shutdown()
         self._pauses = PauseWatcher(self.queues)
         self._listener: wakeup.Listener | None = None
@@ -142,6 +112,11 @@ class Worker:
     def stop(self) -> None:
         """Finish the running job, give back the rest of the batch, then exit."""
         self.stopping.set()
+
+    def interrupt(self) -> None:
+        """Cancellation relayed by our own heartbeat thread (unsupervised only)."""
+        if self.handle_signals:
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
@@ -159,7 +134,7 @@ class Worker:
 
     def _on_cancel(self, signum: int, frame: FrameType | None) -> None:
         job = self._running
-        if job is not None and job.id in self._cancel_ids:
+        if job is not None and self.slot.cancel_running == job.id:
             raise JobCancelled(f"Job {job.id} was cancelled by an operator while running.")
 
     def run(self) -> Stats:
@@ -171,8 +146,18 @@ class Worker:
             )
             previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, self._on_cancel)
         try:
-            self._register()
-            self._start_heartbeat()
+            if not self.supervised:
+                role = WorkerRow.Role.WORKER
+                self._retry_db(lambda: rows.register(self.name, os.getpid(), role, self.queues))
+                self._retry_db(recover)
+                self._heartbeat = HeartbeatThread(self, self._heartbeat_failed)
+                self._heartbeat.start()
+            logger.info(
+                "Worker %s started on queues %s",
+                self.name,
+                ", ".join(self.queues),
+                extra=self._extra("worker_started"),
+            )
             self._loop()
         finally:
             self._shutdown()
@@ -258,15 +243,21 @@ class Worker:
         if not queues:
             return []
         jobs = Job.objects.claim(self.name, limit, queues)
-        with self._held_lock:
-            self._held.update(job.id for job in jobs)
+        ids = [job.id for job in jobs]
+        self.slot.hold(ids)
+        self._index = {job_id: index for index, job_id in enumerate(ids)}
         return jobs
 
     def _run_batch(self, jobs: list[Job]) -> None:
         self._unstarted = list(jobs)
         while self._unstarted and not self.stopping.is_set():
             job = self._unstarted.pop(0)
-            if job.id in self._cancel_ids:
+            # The keeper lists held jobs an operator cancelled; the database has the last
+            # word, since the list is only as fresh as the last heartbeat.
+            if (
+                self.slot.cancel_requested(job.id)
+                and Job.objects.filter(pk=job.id, cancel_requested=True).exists()
+            ):
                 self._finish_cancelled(job, "Cancelled by an operator before it started.")
                 continue
             self._process(job)
@@ -283,31 +274,51 @@ class Worker:
             )
         signals.job_started.send(Job, job=job, worker=self.name)
         error: BaseException | None = None
+        timeout = job.timeout or self._job_timeout
+        self.slot.start(job.id, float(timeout) if timeout else None)
         self._running = job
         try:
-            timeout = job.timeout or self._job_timeout
             with time_limit(float(timeout) if timeout else None):
                 result = call_job(job)
-        except (Exception, JobTimeout, WorkerShutdown, JobCancelled) as exc:
+        except BaseException as exc:  # a job's SystemExit is its failure, not the worker's exit
             error = exc
         finally:
             # Before any recording write: a second signal from here on must not raise
             # WorkerShutdown into the worker's own bookkeeping.
             self._running = None
+            self.slot.returned()
         if error is None:
             job.result = result
-            self._pending_done.append(job)
-            if len(self._pending_done) == 1:
-                self._pending_since = time.monotonic()
-            self._flush()
+            self._done(job)
         elif isinstance(error, RetryJob):
             self._retry_later(job, error)
         elif isinstance(error, JobCancelled):
             self._finish_cancelled(job, str(error))
         else:
             self._record_failure(job, error)
-            if isinstance(error, WorkerShutdown):
+            if isinstance(error, WorkerShutdown) or (
+                isinstance(error, KeyboardInterrupt) and not self.handle_signals
+            ):
+                # Our own stop signal; or, when we leave signals alone, a Ctrl-C that
+                # must still stop an embedded worker (after recording the attempt).
                 self.stopping.set()
+        self.slot.end()
+
+    def _done(self, job: Job) -> None:
+        """Queue a finished job for the batched write, noting it in the slot first.
+
+        The slot's log lets the supervisor record the job if this process dies before the
+        write; a result too big for the log is written at once instead.
+        """
+        started = job.started_at.timestamp() if job.started_at else time.time()
+        logged = self.slot.log_done(job.id, started, job.result)
+        if not logged and self._pending_done:
+            self._flush(force=True)
+            logged = self.slot.log_done(job.id, started, job.result)
+        self._pending_done.append(job)
+        if len(self._pending_done) == 1:
+            self._pending_since = time.monotonic()
+        self._flush(force=not logged)
 
     def _extra(self, event: str, job: Job | None = None) -> dict[str, Any]:
         """Structured fields for a log record (``logging``'s ``extra``)."""
@@ -317,9 +328,10 @@ class Worker:
         return fields
 
     def _release(self, *ids: int) -> None:
-        with self._held_lock:
-            self._held.difference_update(ids)
-        self._cancel_ids.difference_update(ids)
+        for job_id in ids:
+            index = self._index.pop(job_id, None)
+            if index is not None:
+                self.slot.release(index)
 
     def _record_failure(self, job: Job, exc: BaseException) -> None:
         if isinstance(exc, UnregisteredTask):
@@ -399,6 +411,7 @@ class Worker:
             return
         self._pending_done = []
         finished = self._retry_db(lambda: Job.objects.finish_done(self.name, pending))
+        self.slot.clear_log()
         self._release(*(job.id for job in pending))
         for job in pending:
             if job.id in finished:
@@ -414,113 +427,30 @@ class Worker:
         self._progress()
 
     def _retry_db(self, write: Callable[[], T]) -> T:
-        """Run a recording write until the database takes it.
-
-        The writes are guarded by (status=claimed, owner=us), so repeating one that did
-        reach the database before the connection broke changes nothing: a job is
-        finalized exactly once.
-        """
-        failures = 0
-        while True:
-            try:
-                return write()
-            except TRANSIENT_ERRORS as exc:
-                failures += 1
-                if self._give_up_at is not None and time.monotonic() > self._give_up_at:
-                    raise
-                logger.warning(
-                    "Worker %s: database error while recording (%s); retrying in %.1f s",
-                    self.name,
-                    exc,
-                    backoff(failures),
-                    extra=self._extra("db_error"),
-                )
-                refresh_connections()
-                time.sleep(backoff(failures))
+        """Run a recording write until the database takes it (see retry_transient)."""
+        return retry_transient(
+            write, logger, f"Worker {self.name} while recording", lambda: self._give_up_at
+        )
 
     def _progress(self) -> None:
+        stats = self.stats
+        self.slot.count(stats.done, stats.failed, stats.retried)
         if self.on_progress is not None:
-            self.on_progress(self.stats)
+            self.on_progress(stats)
 
-    # -- registry and heartbeat --------------------------------------------------------
-
-    def _register(self) -> None:
-        host, pid = socket.gethostname(), os.getpid()
-        self._retry_db(
-            lambda: WorkerRow.objects.create(name=self.name, host=host, pid=pid, queues=self.queues)
-        )
-        logger.info(
-            "Worker %s started on queues %s",
+    def _heartbeat_failed(self, exc: Exception) -> None:
+        logger.warning(
+            "Worker %s: heartbeat failed (%s); will retry",
             self.name,
-            ", ".join(self.queues),
-            extra=self._extra("worker_started"),
+            exc,
+            extra=self._extra("db_error"),
         )
-
-    def _start_heartbeat(self) -> None:
-        self._heartbeat = threading.Thread(
-            target=self._heartbeat_loop, daemon=True, name=f"heartbeat-{self.name}"
-        )
-        self._heartbeat.start()
-
-    def _heartbeat_loop(self) -> None:
-        interval = float(settings.HEARTBEAT_INTERVAL)
-        try:
-            while not self._heartbeat_stop.wait(interval):
-                self.beat()
-        finally:
-            connections.close_all()
-
-    def beat(self) -> None:
-        """Renew our leases, say we are alive, notice cancellations, recover dead workers' jobs."""
-        try:
-            refresh_connections()
-            with self._held_lock:
-                held = sorted(self._held)
-            now = timezone.now()
-            Job.objects.renew_leases(self.name, held)
-            WorkerRow.objects.filter(name=self.name).update(
-                heartbeat_at=now,
-                jobs_done=self.stats.done,
-                jobs_failed=self.stats.failed,
-            )
-            if held:
-                self._notice_cancellations(held)
-            requeued, failed = Job.objects.recover_expired()
-            if requeued:
-                wakeup.notify(settings.QUEUES)
-            if requeued or failed:
-                logger.warning(
-                    "Recovered %s job(s) of workers that stopped renewing their "
-                    "leases: %s requeued, %s failed (attempts spent)",
-                    requeued + failed,
-                    requeued,
-                    failed,
-                    extra=self._extra("jobs_recovered"),
-                )
-            WorkerRow.objects.filter(heartbeat_at__lt=now - DEAD_WORKER_ROW_TTL).delete()
-        except TRANSIENT_ERRORS as exc:
-            logger.warning(
-                "Worker %s: heartbeat failed (%s); will retry",
-                self.name,
-                exc,
-                extra=self._extra("db_error"),
-            )
-            refresh_connections()
-
-    def _notice_cancellations(self, held: list[int]) -> None:
-        cancelled = Job.objects.cancel_requested_ids(self.name, held) - self._cancel_ids
-        if not cancelled:
-            return
-        self._cancel_ids.update(cancelled)
-        running = self._running
-        if running is not None and running.id in cancelled and self.handle_signals:
-            # Interrupt the main thread: its SIGUSR1 handler raises JobCancelled in the job.
-            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
 
     def _shutdown(self) -> None:
         self.stopping.set()
         # If the database stays away, give up after a while: whatever we could not
-        # record or hand back is recovered by other workers when our leases run out.
+        # record or hand back is settled by the supervisor when we are gone, or recovered
+        # when our leases expire.
         self._give_up_at = time.monotonic() + max(30.0, float(settings.LEASE_TIMEOUT))
         try:
             self._flush(force=True)
@@ -536,7 +466,8 @@ class Worker:
                     extra=self._extra("jobs_given_back"),
                 )
             self._unstarted = []
-            self._retry_db(lambda: WorkerRow.objects.filter(name=self.name).delete())
+            if not self.supervised:
+                self._retry_db(lambda: rows.remove(self.name))
         except TRANSIENT_ERRORS as exc:
             logger.error(
                 "Worker %s: could not reach the database while stopping (%s); its "
@@ -546,6 +477,6 @@ class Worker:
             )
         finally:
             self._close_listener()
-            self._heartbeat_stop.set()
             if self._heartbeat is not None:
+                self._heartbeat.stop.set()
                 self._heartbeat.join(timeout=30)

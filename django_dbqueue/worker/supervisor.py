@@ -1,12 +1,27 @@
-"""Runs N worker processes, replaces those that die, and stops them on a signal."""
+"""``run_jobs``: a supervisor and N child processes that run the jobs.
+
+The supervisor runs no job code, so nothing a job does can hold it up. Each child writes
+what it is doing to its slot in shared memory (:mod:`.slots`); the supervisor's loop
+wakes as soon as a child exits, and every ``TICK`` otherwise, and:
+
+- settles a dead child's jobs at once (:mod:`.deaths`) and starts a new child;
+- kills (SIGKILL) a child whose job ran ``KILL_GRACE`` past its timeout without stopping
+  on SIGALRM, whose cancelled job ignored its interrupt for ``KILL_GRACE``, or, after a
+  second stop signal, that is still running ``KILL_GRACE`` later;
+- every ``HEARTBEAT_INTERVAL`` renews the leases of all its children's jobs, refreshes the
+  process rows and relays cancellations (:class:`.liveness.Keeper`).
+"""
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
 import os
 import signal
 import sys
+import time
+from dataclasses import dataclass
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from types import FrameType
@@ -14,29 +29,72 @@ from typing import Any
 
 from django.db import connections
 
+from django_dbqueue.conf import settings
+from django_dbqueue.models import WorkerProcess as WorkerRow
+from django_dbqueue.worker import deaths, rows
+from django_dbqueue.worker.connections import (
+    TRANSIENT_ERRORS,
+    refresh_connections,
+    retry_transient,
+)
+from django_dbqueue.worker.liveness import Keeper, recover
 from django_dbqueue.worker.loop import Stats, Worker
 from django_dbqueue.worker.progress import Progress
+from django_dbqueue.worker.slots import RUNNING, Running, Slot, SlotTable
 
 logger = logging.getLogger("django_dbqueue.supervisor")
 
+TICK = 0.2
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
-def _child_main(slot: int, counters: Any, options: dict[str, Any], parent: int) -> None:
-    # Forked from the supervisor, which forwards SIGTERM to us. A Ctrl-C reaches the whole
-    # process group, so children ignore SIGINT: otherwise one Ctrl-C would arrive twice
-    # (directly and forwarded) and count as the second, "stop now" signal.
+
+def _die_with_parent(parent: int) -> None:
+    """Have the kernel SIGKILL this process when the supervisor dies (Linux).
+
+    A child must not outlive the process that keeps its leases: its job would be
+    recovered and run a second time while it still runs. Elsewhere the child notices
+    between jobs that its parent is gone.
+    """
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the supervisor died before prctl took effect
+        os._exit(1)
+
+
+def _child_main(
+    table: SlotTable, index: int, token: str, options: dict[str, Any], parent: int
+) -> None:
+    _die_with_parent(parent)
+    # The supervisor forwards SIGTERM to us. A Ctrl-C reaches the whole process group, so
+    # children ignore SIGINT: otherwise one Ctrl-C would arrive twice (directly and
+    # forwarded) and count as the second, "stop now" signal.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-    def report(stats: Stats) -> None:
-        base = slot * 3
-        counters[base], counters[base + 1], counters[base + 2] = (
-            stats.done,
-            stats.failed,
-            stats.retried,
-        )
-
-    Worker(on_progress=report, ignore_sigint=True, parent_pid=parent, **options).run()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    name = rows.process_name(os.getpid(), token)
+    Worker(slot=table[index], name=name, ignore_sigint=True, parent_pid=parent, **options).run()
     connections.close_all()
     sys.exit(0)
+
+
+@dataclass(eq=False)
+class Child:
+    index: int
+    process: BaseProcess
+    name: str
+    slot: Slot
+    started: float
+    registered: bool = False
+    kill: deaths.Kill | None = None
+
+    def interrupt(self) -> None:
+        self._signal(signal.SIGUSR1)
+
+    def _signal(self, signum: int) -> None:
+        try:
+            os.kill(self.process.pid or 0, signum)
+        except ProcessLookupError:
+            pass  # already gone; the loop reaps it
 
 
 class Supervisor:
@@ -49,48 +107,164 @@ class Supervisor:
         self.concurrency = concurrency
         self.options = worker_options
         self.progress = progress
-        self.burst = bool(worker_options.get("burst"))
+        self.queues = list(worker_options.get("queues") or settings.QUEUES)
+        self.name = rows.process_name()
+        capacity = int(worker_options.get("batch_size") or settings.BATCH_SIZE)
+        self.table = SlotTable(concurrency, capacity)
+        self.keeper = Keeper()
         self._ctx = multiprocessing.get_context("fork")
-        self._counters: Any = self._ctx.Array("q", 3 * concurrency, lock=False)
-        self._retired = Stats()  # counts of children that exited, so totals never go back
-        self._children: dict[int, BaseProcess] = {}
+        self._children: dict[int, Child] = {}
+        self._graves: list[deaths.Remains] = []  # dead children not settled yet
+        self._respawn_at: dict[int, float] = {}
+        self._quick_deaths = [0] * concurrency
+        self._retired = Stats()  # outcomes of children gone, so totals never go back
+        self._processed = [0] * concurrency  # per slot, by children gone (--max-jobs shares)
         self._signals = 0
+        self._kill_all_at: float | None = None
+        self._next_beat = 0.0
+        self._grace = float(settings.KILL_GRACE)
 
-    def _options_for(self, slot: int) -> dict[str, Any]:
+    # -- children ----------------------------------------------------------------------
+
+    def _options_for(self, index: int) -> dict[str, Any]:
         options = dict(self.options)
         max_jobs = options.get("max_jobs")
         if max_jobs is not None:
-            share = max_jobs // self.concurrency + (1 if slot < max_jobs % self.concurrency else 0)
-            options["max_jobs"] = share
+            share = max_jobs // self.concurrency + (1 if index < max_jobs % self.concurrency else 0)
+            options["max_jobs"] = max(0, share - self._processed[index])
         return options
 
-    def _spawn(self, slot: int) -> None:
-        base = slot * 3
-        self._retired.done += self._counters[base]
-        self._retired.failed += self._counters[base + 1]
-        self._retired.retried += self._counters[base + 2]
-        self._counters[base] = self._counters[base + 1] = self._counters[base + 2] = 0
-        options = self._options_for(slot)
+    def _spawn(self, index: int) -> None:
+        options = self._options_for(index)
         if options.get("max_jobs") == 0:
             return
+        slot = self.table[index]
+        slot.reset()
+        token = rows.new_token()
         # Never let a child inherit an open database socket.
         connections.close_all()
         process = self._ctx.Process(
             target=_child_main,
-            args=(slot, self._counters, options, os.getpid()),
-            name=f"dbqueue-worker-{slot}",
+            args=(self.table, index, token, options, os.getpid()),
+            name=f"dbqueue-worker-{index}",
             daemon=False,
         )
         process.start()
-        self._children[slot] = process
+        name = rows.process_name(process.pid, token)
+        self._children[index] = Child(index, process, name, slot, time.monotonic())
 
-    def totals(self) -> Stats:
-        stats = Stats(self._retired.done, self._retired.failed, self._retired.retried)
-        for slot in range(self.concurrency):
-            stats.done += self._counters[slot * 3]
-            stats.failed += self._counters[slot * 3 + 1]
-            stats.retried += self._counters[slot * 3 + 2]
-        return stats
+    def _register_children(self) -> None:
+        for child in self._children.values():
+            if not child.registered:
+                rows.register(
+                    child.name,
+                    child.process.pid or 0,
+                    WorkerRow.Role.CHILD,
+                    self.queues,
+                    supervisor=self.name,
+                )
+                child.registered = True
+
+    def _reap(self) -> None:
+        now = time.monotonic()
+        for index, child in list(self._children.items()):
+            if child.process.is_alive():
+                continue
+            child.process.join()
+            del self._children[index]
+            code = child.process.exitcode
+            remains = deaths.Remains.read(child.name, code, child.slot)
+            remains.kill = child.kill
+            done, failed, retried = child.slot.totals()
+            self._retired.done += done
+            self._retired.failed += failed
+            self._retired.retried += retried
+            # What it leaves behind counts towards its slot's --max-jobs share now, so a
+            # replacement started before the settling gets the right share.
+            logged = {entry.job_id for entry in remains.done}
+            crashed = remains.running is not None and remains.running.job_id not in logged
+            self._processed[index] += done + failed + retried + len(logged) + crashed
+            self.keeper.forget(child.name)
+            self._graves.append(remains)
+            # Exit code 0: the child ran out of work (--burst, --max-jobs) or was told to
+            # stop. Anything else is a death, and its slot gets a new child.
+            if code == 0 or self._signals:
+                continue
+            logger.warning(
+                "Supervisor: worker %s (pid %s) %s%s; starting a replacement",
+                child.name,
+                child.process.pid,
+                deaths.describe_exit(code),
+                f" while running job {remains.running.job_id}" if remains.running else "",
+                extra={"event": "worker_died", "worker": child.name},
+            )
+            # A child that dies before running anything is broken, not its jobs: wait a
+            # little longer each time, rather than fork in a tight loop.
+            quick = remains.running is None and now - child.started < 1.0
+            self._quick_deaths[index] = self._quick_deaths[index] + 1 if quick else 0
+            delay = min(5.0, 0.1 * 2 ** self._quick_deaths[index]) if quick else 0.0
+            self._respawn_at[index] = now + delay
+
+    def _settle_graves(self) -> None:
+        for remains in list(self._graves):
+            outcome = deaths.settle(remains)
+            self._graves.remove(remains)
+            self._retired.done += outcome.done
+            self._retired.failed += outcome.failed
+            self._retired.retried += outcome.retried
+            if outcome.given_back:
+                logger.info(
+                    "Supervisor: gave back %s unstarted job(s) of worker %s",
+                    outcome.given_back,
+                    remains.name,
+                    extra={"event": "jobs_given_back", "worker": remains.name},
+                )
+
+    def _respawn_due(self) -> None:
+        now = time.monotonic()
+        for index, when in list(self._respawn_at.items()):
+            if self._signals:
+                del self._respawn_at[index]
+            elif now >= when:
+                del self._respawn_at[index]
+                self._spawn(index)
+
+    # -- stopping jobs that do not stop ------------------------------------------------
+
+    def _police(self) -> None:
+        now = time.monotonic()
+        for child in self._children.values():
+            if child.kill is not None:
+                continue
+            running = child.slot.running()
+            if self._kill_all_at is not None and now >= self._kill_all_at:
+                self._kill(child, deaths.STOP, running)
+                continue
+            if running is None or running.phase != RUNNING:
+                continue
+            if running.deadline and now > running.deadline + self._grace:
+                self._kill(child, deaths.TIMEOUT, running)
+                continue
+            sent = self.keeper.interrupted.get(child.name)
+            if (
+                sent is not None
+                and sent[:2] == (running.job_id, running.started)
+                and now > sent[2] + self._grace
+            ):
+                self._kill(child, deaths.CANCEL, running)
+
+    def _kill(self, child: Child, reason: str, running: Running | None) -> None:
+        job_id = running.job_id if running is not None else 0
+        timeout = running.deadline - running.started if running is not None else 0.0
+        child.kill = deaths.Kill(reason, job_id, self._grace, timeout)
+        logger.warning(
+            "Supervisor: killing worker %s (job %s: %s)",
+            child.name,
+            job_id or "none",
+            reason,
+            extra={"event": "worker_killed", "worker": child.name, "job_id": job_id},
+        )
+        child._signal(signal.SIGKILL)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals += 1
@@ -98,41 +272,96 @@ class Supervisor:
             "Supervisor: %s received, stopping %s worker(s)%s",
             signal.Signals(signum).name,
             len(self._children),
-            " now" if self._signals > 1 else " after their current job",
+            f" now (killed if still running in {self._grace:g} s)"
+            if self._signals > 1
+            else " after their current job",
         )
-        for process in self._children.values():
-            if process.pid is not None and process.is_alive():
-                os.kill(process.pid, signal.SIGTERM)
+        if self._signals > 1 and self._kill_all_at is None:
+            self._kill_all_at = time.monotonic() + self._grace
+        self._next_beat = 0.0  # show "stopping" in the rows at once
+        for child in self._children.values():
+            child._signal(signal.SIGTERM)
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def totals(self) -> Stats:
+        stats = Stats(self._retired.done, self._retired.failed, self._retired.retried)
+        for child in self._children.values():
+            done, failed, retried = child.slot.totals()
+            stats.done += done
+            stats.failed += failed
+            stats.retried += retried
+        return stats
+
+    def _stopping_give_up(self) -> float | None:
+        return 0.0 if self._signals else None
+
+    def _beat(self) -> None:
+        now = time.monotonic()
+        members = list(self._children.values())
+        if now >= self._next_beat:
+            totals = self.totals()
+            stopping = bool(self._signals)
+            own = rows.Beat(self.name, totals.done, totals.failed, stopping=stopping)
+            self.keeper.beat(members, own, stopping=stopping)
+            self._next_beat = now + float(settings.HEARTBEAT_INTERVAL)
+        self.keeper.show_slow_jobs(members)
 
     def run(self) -> Stats:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
-            for slot in range(self.concurrency):
-                self._spawn(slot)
-            while self._children:
-                # Wakes as soon as a child exits (its sentinel), else every 0.2 s for progress.
-                wait([p.sentinel for p in self._children.values()], timeout=0.2)
-                for slot, process in list(self._children.items()):
-                    if process.is_alive():
-                        continue
-                    process.join()
-                    del self._children[slot]
-                    code = process.exitcode
-                    # Exit code 0: the worker ran out of work (--burst, --max-jobs) or was
-                    # told to stop. Anything else is a crash, and its slot is refilled.
-                    if self._signals or code == 0:
-                        continue
+            # Jobs of dead workers first: a cron-driven --burst run is often the only
+            # process that could recover them.
+            role = WorkerRow.Role.SUPERVISOR
+            retry_transient(
+                lambda: rows.register(self.name, os.getpid(), role, self.queues),
+                logger,
+                "Supervisor starting",
+                self._stopping_give_up,
+            )
+            retry_transient(recover, logger, "Supervisor recovering", self._stopping_give_up)
+            self._next_beat = time.monotonic() + float(settings.HEARTBEAT_INTERVAL)
+            for index in range(self.concurrency):
+                self._spawn(index)
+            give_up_at: float | None = None
+            while self._children or self._graves or self._respawn_at:
+                sentinels = [child.process.sentinel for child in self._children.values()]
+                if sentinels:
+                    # Wakes as soon as a child exits, else every TICK.
+                    wait(sentinels, timeout=TICK)
+                else:
+                    time.sleep(TICK)
+                self._reap()
+                self._police()
+                self._respawn_due()
+                try:
+                    self._settle_graves()
+                    self._register_children()
+                    self._beat()
+                except TRANSIENT_ERRORS as exc:
                     logger.warning(
-                        "Supervisor: worker %s (pid %s) died with exit code %s; "
-                        "starting a replacement",
-                        slot,
-                        process.pid,
-                        code,
+                        "Supervisor: database error (%s); will retry",
+                        exc,
+                        extra={"event": "db_error", "worker": self.name},
                     )
-                    self._spawn(slot)
+                    refresh_connections()
+                    if not self._children and self._signals:
+                        # Stopping with the database away: leave the rest to lease recovery.
+                        give_up_at = give_up_at or time.monotonic() + max(
+                            30.0, float(settings.LEASE_TIMEOUT)
+                        )
+                        if time.monotonic() > give_up_at:
+                            break
                 if self.progress is not None:
                     self.progress.update(self.totals())
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+            try:
+                retry_transient(
+                    lambda: rows.remove(self.name), logger, "Supervisor stopping", lambda: 0.0
+                )
+            except TRANSIENT_ERRORS:
+                pass  # the row expires; nothing depends on a supervisor's row
+            connections.close_all()
         return self.totals()

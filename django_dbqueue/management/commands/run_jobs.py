@@ -13,7 +13,6 @@ from django_dbqueue import registry
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Job
 from django_dbqueue.queue.schema import schema_problem
-from django_dbqueue.worker.loop import Worker
 from django_dbqueue.worker.progress import Progress
 from django_dbqueue.worker.supervisor import Supervisor
 
@@ -56,7 +55,7 @@ class Command(BaseCommand):
             "-c",
             type=positive_int,
             default=1,
-            help="Worker processes to run (default 1).",
+            help="Worker processes to run under the supervisor (default 1).",
         )
         parser.add_argument(
             "--batch-size",
@@ -117,11 +116,9 @@ class Command(BaseCommand):
                 f"Running jobs from {', '.join(queues)} with {concurrency} "
                 f"process(es), {mode}. Ctrl-C to stop."
             )
-        if concurrency == 1:
-            worker = Worker(on_progress=progress.update if progress else None, **worker_options)
-            stats = worker.run()
-        else:
-            stats = Supervisor(concurrency, worker_options, progress).run()
+        # Always a supervisor, even for one process: jobs run in a child that the
+        # supervisor can kill and replace, and whose leases no job's code can stall.
+        stats = Supervisor(concurrency, worker_options, progress).run()
         if progress is not None:
             progress.update(stats, force=True)
             self.stdout.write(progress.summary(stats))

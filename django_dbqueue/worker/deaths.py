@@ -1,0 +1,204 @@
+"""A child process died: settle, at once, every job it held.
+
+What its slot says decides each job's fate:
+
+- finished jobs still waiting for their batched write (the slot's done log) are recorded
+  DONE with their results, so none of them runs again;
+- the job it was running gets its attempt counted and an error naming what happened (the
+  signal or exit code, or the supervisor's reason for killing it); a job that kills its
+  worker every time ends FAILED after ``max_attempts``;
+- every other job it had claimed goes back to the queue at once, attempt not counted.
+
+Every write is guarded by (status = claimed, owner = the dead child), so settling twice,
+or after lease recovery got there first, changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from dataclasses import dataclass, field
+
+from django_dbqueue import signals
+from django_dbqueue.conf import settings
+from django_dbqueue.models import Job
+from django_dbqueue.worker import rows, wakeup
+from django_dbqueue.worker.liveness import wall_time
+from django_dbqueue.worker.slots import RUNNING, Done, Running, Slot
+
+logger = logging.getLogger("django_dbqueue.supervisor")
+
+# Why the supervisor itself killed a child (Kill.reason).
+TIMEOUT, CANCEL, STOP = "timeout", "cancel", "stop"
+
+
+class WorkerDied(Exception):
+    """The error recorded for a job whose worker process died while running it."""
+
+
+@dataclass
+class Kill:
+    reason: str
+    job_id: int
+    grace: float
+    timeout: float = 0.0
+
+
+@dataclass
+class Outcome:
+    done: int = 0
+    failed: int = 0
+    retried: int = 0
+    given_back: int = 0
+
+
+@dataclass
+class Remains:
+    """What a dead child's slot said, read before the slot is handed to a new child."""
+
+    name: str
+    exitcode: int | None
+    running: Running | None
+    held: list[int]
+    done: list[Done]
+    kill: Kill | None = None
+    # Steps already taken, so a retry after a database error does not repeat them.
+    outcome: Outcome = field(default_factory=Outcome)
+    steps: set[str] = field(default_factory=set)
+
+    @classmethod
+    def read(cls, name: str, exitcode: int | None, slot: Slot) -> Remains:
+        running = slot.running(writer_gone=True)
+        return cls(name, exitcode, running, slot.held(), slot.done_log())
+
+
+def describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "vanished"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = "unknown signal"
+        return f"was killed by signal {-exitcode} ({name})"
+    return f"exited with code {exitcode}"
+
+
+def _error(remains: Remains, running: Running) -> tuple[str, str, bool]:
+    """(error text, error class path, counts as an attempt) for the job it was running."""
+    kill, name = remains.kill, remains.name
+    if kill is not None and kill.job_id == running.job_id:
+        after = f"did not stop within {kill.grace:g} s"
+        killed = f"so the supervisor killed its worker process {name} (SIGKILL)"
+        if kill.reason == TIMEOUT:
+            return (
+                f"JobTimeout: the job ran past its timeout of {kill.timeout:g} s and {after} "
+                f"after it (it ignored SIGALRM, e.g. stuck in C code), {killed}.",
+                "django_dbqueue.exceptions.JobTimeout",
+                True,
+            )
+        if kill.reason == CANCEL:
+            return (
+                f"Job {running.job_id} was cancelled by an operator while running; it "
+                f"{after} of being asked to stop, {killed}.",
+                "django_dbqueue.exceptions.JobCancelled",
+                True,
+            )
+        return (
+            f"WorkerShutdown: run_jobs was stopped by a second signal and the job {after}, "
+            f"{killed}.",
+            "django_dbqueue.exceptions.WorkerShutdown",
+            True,
+        )
+    if kill is not None:
+        # Killed for another job that ended just before the SIGKILL landed: not this
+        # job's doing, so it goes back to the queue uncharged.
+        return "", "", False
+    doing = "running this job" if running.phase == RUNNING else "recording this job's outcome"
+    return (
+        f"{WorkerDied.__name__}: worker process {name} {describe_exit(remains.exitcode)} "
+        f"while {doing}.",
+        f"{WorkerDied.__module__}.{WorkerDied.__qualname__}",
+        True,
+    )
+
+
+def _record_done(remains: Remains) -> set[int]:
+    jobs = [
+        Job(id=entry.job_id, started_at=wall_time(entry.started_wall), result=entry.result)
+        for entry in remains.done
+    ]
+    finished = Job.objects.finish_done(remains.name, jobs)
+    if finished:
+        for job in Job.objects.filter(pk__in=finished):
+            signals.job_finished.send(Job, job=job, worker=remains.name, result=job.result)
+    remains.outcome.done += len(finished)
+    return finished
+
+
+def _record_running(remains: Remains, running: Running) -> bool:
+    """Record the attempt of the job it was running; False if it goes back uncharged."""
+    job = Job.objects.filter(pk=running.job_id, status=Job.Status.CLAIMED, owner=remains.name)
+    found = job.first()
+    if found is None:
+        return True  # already recorded (or taken over): nothing left to do
+    text, error_class, counts = _error(remains, running)
+    if not counts:
+        return False
+    found.started_at = wall_time(running.started_wall)
+    kill = remains.kill
+    if kill is not None and kill.reason == CANCEL and kill.job_id == found.id:
+        Job.objects.cancel_claimed(remains.name, found, text)
+        return True
+    status = Job.objects.finish_failed_attempt(remains.name, found, text, error_class)
+    if status is None:
+        return True
+    will_retry = status == Job.Status.QUEUED
+    if will_retry:
+        remains.outcome.retried += 1
+    else:
+        remains.outcome.failed += 1
+    (logger.warning if will_retry else logger.error)(
+        "Job %s (%s): %s Attempt %s of %s%s.",
+        found.id,
+        found.task,
+        text,
+        found.attempts,
+        found.max_attempts,
+        ", will retry" if will_retry else ", the job has FAILED",
+        extra={"event": "job_killed", "job_id": found.id, "worker": remains.name},
+    )
+    signals.job_failed.send(
+        Job, job=found, worker=remains.name, exception=WorkerDied(text), will_retry=will_retry
+    )
+    return True
+
+
+def settle(remains: Remains) -> Outcome:
+    """Settle a dead child's jobs; raises the database's transient errors (retry later)."""
+    skip: set[int] = {entry.job_id for entry in remains.done}
+    if "done" not in remains.steps:
+        _record_done(remains)
+        remains.steps.add("done")
+    running = remains.running
+    if running is not None and running.job_id not in skip:
+        if "running" not in remains.steps:
+            charged = _record_running(remains, running)
+            remains.steps.add("running" if charged else "running-uncharged")
+        if "running" in remains.steps:
+            skip.add(running.job_id)
+    # Its claimed jobs, from the slot and from the table: a claim committed just before
+    # the child died may not have reached the slot.
+    claimed = set(
+        Job.objects.filter(status=Job.Status.CLAIMED, owner=remains.name).values_list(
+            "id", flat=True
+        )
+    )
+    rest = sorted((set(remains.held) | claimed) - skip)
+    if rest:
+        given = Job.objects.give_back(remains.name, rest)
+        remains.outcome.given_back += given
+        if given:
+            wakeup.notify(settings.QUEUES)
+    rows.remove(remains.name)
+    return remains.outcome

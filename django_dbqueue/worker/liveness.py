@@ -1,0 +1,159 @@
+"""Keeping live workers' jobs theirs, and taking back the jobs of workers that are gone.
+
+Each heartbeat the keeper renews the lease of every job its workers hold (read from
+their slots, so it costs the workers nothing), refreshes their rows, relays operators'
+cancellations, and recovers jobs whose lease ran out. ``run_jobs`` runs the keeper in
+the supervisor, a process no job's code runs in: a job that holds the GIL or blocks in C
+code cannot stop its own lease from being renewed. A worker run unsupervised
+(``Worker.run()`` called directly, as tests and embedders do) runs it in a heartbeat
+thread instead, with the old limits: such a job stalls that thread too.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Protocol
+
+from django.conf import settings as django_settings
+from django.db import connections
+
+from django_dbqueue.conf import settings
+from django_dbqueue.models import Job
+from django_dbqueue.worker import rows, wakeup
+from django_dbqueue.worker.connections import TRANSIENT_ERRORS, refresh_connections
+from django_dbqueue.worker.slots import RUNNING, Slot
+
+logger = logging.getLogger("django_dbqueue.worker")
+
+# A running job is written to its worker's row once it has run this long. Lease recovery
+# charges an attempt only for the job a dead worker's row names, so jobs that had not
+# started are not charged; waiting a moment keeps fast jobs from costing a write each.
+SHOW_AFTER = 0.5
+
+
+class Member(Protocol):
+    """A worker process whose jobs a keeper looks after."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def slot(self) -> Slot: ...
+
+    def interrupt(self) -> None:
+        """Ask the running job to stop (SIGUSR1: the worker raises JobCancelled in it)."""
+
+
+def wall_time(timestamp: float) -> datetime:
+    if django_settings.USE_TZ:
+        return datetime.fromtimestamp(timestamp, tz=UTC)
+    return datetime.fromtimestamp(timestamp)  # naive, as USE_TZ = False wants
+
+
+def recover() -> None:
+    """Requeue (or fail) the claimed jobs whose lease ran out: their workers are gone."""
+    requeued, failed = Job.objects.recover_expired()
+    if requeued:
+        wakeup.notify(settings.QUEUES)
+    if requeued or failed:
+        logger.warning(
+            "Recovered %s job(s) of workers that stopped renewing their leases: %s "
+            "requeued, %s failed (attempts spent)",
+            requeued + failed,
+            requeued,
+            failed,
+            extra={"event": "jobs_recovered"},
+        )
+
+
+class Keeper:
+    def __init__(self) -> None:
+        # member name -> (the run interrupted: its job id and start, when it was sent)
+        self.interrupted: dict[str, tuple[int, float, float]] = {}
+        self._shown: dict[str, int | None] = {}  # member name -> job id its row shows
+
+    def forget(self, name: str) -> None:
+        self.interrupted.pop(name, None)
+        self._shown.pop(name, None)
+
+    def beat(
+        self, members: Sequence[Member], own: rows.Beat | None = None, stopping: bool = False
+    ) -> None:
+        """One heartbeat; raises the database's transient errors for the caller to log."""
+        refresh_connections()
+        beats = []
+        for member in members:
+            held = member.slot.held()
+            Job.objects.renew_leases(member.name, held)
+            self._relay_cancellations(member, held)
+            beats.append(self._row_of(member))
+            beats[-1].stopping = stopping
+        if own is not None:
+            beats.append(own)
+        rows.beat(beats)
+        recover()
+        rows.prune()
+
+    def show_slow_jobs(self, members: Sequence[Member]) -> None:
+        """Write a member's running job to its row once it has run for SHOW_AFTER s."""
+        now = time.monotonic()
+        for member in members:
+            running = member.slot.running()
+            if (
+                running is not None
+                and running.phase == RUNNING
+                and now - running.started >= SHOW_AFTER
+                and self._shown.get(member.name) != running.job_id
+            ):
+                rows.show_running(member.name, running.job_id, wall_time(running.started_wall))
+                self._shown[member.name] = running.job_id
+
+    def _row_of(self, member: Member) -> rows.Beat:
+        done, failed, _ = member.slot.totals()
+        entry = rows.Beat(member.name, done, failed)
+        running = member.slot.running()
+        if running is not None and time.monotonic() - running.started >= SHOW_AFTER:
+            entry.running_job_id = running.job_id
+            entry.running_since = wall_time(running.started_wall)
+        self._shown[member.name] = entry.running_job_id
+        return entry
+
+    def _relay_cancellations(self, member: Member, held: list[int]) -> None:
+        cancelled = Job.objects.cancel_requested_ids(member.name, held) if held else set()
+        running = member.slot.running()
+        target = 0
+        if running is not None and running.phase == RUNNING and running.job_id in cancelled:
+            target = running.job_id
+        member.slot.request_cancel(sorted(cancelled), target)
+        if running is None or not target:
+            self.interrupted.pop(member.name, None)
+        elif self.interrupted.get(member.name, (0, 0.0, 0.0))[:2] != (target, running.started):
+            self.interrupted[member.name] = (target, running.started, time.monotonic())
+            member.interrupt()
+
+
+class HeartbeatThread(threading.Thread):
+    """The keeper of a worker that runs unsupervised, beating in a thread of its own."""
+
+    def __init__(self, member: Member, on_error: Callable[[Exception], None]) -> None:
+        super().__init__(daemon=True, name=f"heartbeat-{member.name}")
+        self.member = member
+        self.on_error = on_error
+        self.stop = threading.Event()
+        self.keeper = Keeper()
+
+    def run(self) -> None:
+        interval = float(settings.HEARTBEAT_INTERVAL)
+        try:
+            while not self.stop.wait(interval):
+                try:
+                    self.keeper.beat([self.member])
+                except TRANSIENT_ERRORS as exc:
+                    self.on_error(exc)
+                    refresh_connections()
+        finally:
+            connections.close_all()

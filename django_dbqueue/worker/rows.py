@@ -1,0 +1,79 @@
+"""The ``WorkerProcess`` rows: who runs where, what it is running, and when it last beat."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+
+from django_dbqueue.models import WorkerProcess
+
+# Rows of processes silent for this long are deleted (the admin shows them as dead until
+# then). Much longer than any lease: lease recovery reads the rows of dead workers.
+DEAD_ROW_TTL = timedelta(hours=1)
+
+
+def new_token() -> str:
+    return uuid.uuid4().hex[:6]
+
+
+def process_name(pid: int | None = None, token: str | None = None) -> str:
+    """``host:pid:token``: the name a process claims jobs under (``Job.owner``)."""
+    return f"{socket.gethostname()}:{pid or os.getpid()}:{token or new_token()}"
+
+
+@dataclass
+class Beat:
+    """What one heartbeat writes to one row."""
+
+    name: str
+    done: int
+    failed: int
+    running_job_id: int | None = None
+    running_since: datetime | None = None
+    stopping: bool = False
+
+
+def register(
+    name: str, pid: int, role: str, queues: list[str], supervisor: str = ""
+) -> WorkerProcess:
+    return WorkerProcess.objects.create(
+        name=name,
+        host=socket.gethostname(),
+        pid=pid,
+        role=role,
+        supervisor=supervisor,
+        queues=queues,
+    )
+
+
+def beat(beats: list[Beat]) -> None:
+    now = timezone.now()
+    for entry in beats:
+        fields: dict[str, Any] = {
+            "heartbeat_at": now,
+            "jobs_done": entry.done,
+            "jobs_failed": entry.failed,
+            "running_job_id": entry.running_job_id,
+            "running_since": entry.running_since,
+        }
+        if entry.stopping:
+            fields["stopping"] = True
+        WorkerProcess.objects.filter(name=entry.name).update(**fields)
+
+
+def show_running(name: str, job_id: int | None, since: datetime | None) -> None:
+    WorkerProcess.objects.filter(name=name).update(running_job_id=job_id, running_since=since)
+
+
+def remove(*names: str) -> None:
+    WorkerProcess.objects.filter(name__in=names).delete()
+
+
+def prune() -> int:
+    return WorkerProcess.objects.filter(heartbeat_at__lt=timezone.now() - DEAD_ROW_TTL).delete()[0]

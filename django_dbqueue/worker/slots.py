@@ -1,0 +1,217 @@
+"""The shared-memory table in which each worker process tells its supervisor what it does.
+
+One slot per child process, in memory shared at fork: which jobs it holds, which one it
+is running and since when, its timeout deadline, and the jobs that finished but are not
+recorded yet (with their results). The child writes its slot with plain stores (no
+system call, no database); the supervisor reads it on its own clock, which no job's code
+can hold up, and after the child dies, to settle what it left behind.
+
+Only the child writes its slot, except the cancellation fields, which only the keeper
+(the supervisor) writes. The running-job fields are written under a sequence counter
+(odd while a write is under way), so a reader never mixes two jobs' fields. The held ids
+need no such care: a reader that catches a batch half-written renews a stale lease
+(guarded, so it changes nothing) or misses a new one until the next heartbeat.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import struct
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from multiprocessing.sharedctypes import RawArray
+from typing import Any
+
+# What the running job is doing, as the supervisor needs to know it.
+IDLE, RUNNING, RECORDING = 0, 1, 2
+
+# Room for finished-but-unrecorded results per slot. A result that does not fit is
+# recorded at once instead (see Worker._done), so this bounds memory, not results.
+LOG_BYTES = 64 * 1024
+_RECORD = struct.Struct("<qdi")  # job id, start (epoch seconds), result length (-1: None)
+
+
+class Header(ctypes.Structure):
+    _fields_ = [
+        ("seq", ctypes.c_int64),
+        ("job_id", ctypes.c_int64),
+        ("phase", ctypes.c_int64),
+        ("started", ctypes.c_double),  # time.monotonic(): the same clock in every process
+        ("started_wall", ctypes.c_double),  # time.time(), for started_at
+        ("deadline", ctypes.c_double),  # monotonic time the timeout runs out; 0: none
+        ("count", ctypes.c_int64),  # entries of `ids` in use
+        ("log_used", ctypes.c_int64),  # bytes of the done log in use
+        ("done", ctypes.c_int64),
+        ("failed", ctypes.c_int64),
+        ("retried", ctypes.c_int64),
+        # Written by the keeper:
+        ("cancel_count", ctypes.c_int64),  # entries of `cancels` in use
+        ("cancel_running", ctypes.c_int64),  # the running job to interrupt (SIGUSR1)
+    ]
+
+
+@dataclass(frozen=True)
+class Running:
+    job_id: int
+    phase: int
+    started: float
+    started_wall: float
+    deadline: float
+
+
+@dataclass(frozen=True)
+class Done:
+    job_id: int
+    started_wall: float
+    result: Any
+
+
+class Slot:
+    """One child's entry; the same object is used on both sides of the fork."""
+
+    def __init__(
+        self, header: Header, ids: Any, cancels: Any, log: memoryview, capacity: int
+    ) -> None:
+        self._h = header
+        self._ids = ids
+        self._cancels = cancels
+        self._log = log
+        self.capacity = capacity
+
+    # -- written by the child ----------------------------------------------------------
+
+    def hold(self, ids: Sequence[int]) -> None:
+        """A new batch: these ids are held until released one by one."""
+        for index, job_id in enumerate(ids):
+            self._ids[index] = job_id
+        self._h.count = len(ids)
+
+    def release(self, index: int) -> None:
+        self._ids[index] = 0
+
+    def start(self, job_id: int, timeout: float | None) -> None:
+        h = self._h
+        h.seq += 1
+        h.job_id = job_id
+        h.phase = RUNNING
+        h.started = now = time.monotonic()
+        h.started_wall = time.time()
+        h.deadline = now + timeout if timeout else 0.0
+        h.seq += 1
+
+    def returned(self) -> None:
+        """The job's code is over; its outcome is being recorded (no deadline applies)."""
+        h = self._h
+        h.seq += 1
+        h.phase = RECORDING
+        h.deadline = 0.0
+        h.seq += 1
+
+    def end(self) -> None:
+        h = self._h
+        h.seq += 1
+        h.job_id = 0
+        h.phase = IDLE
+        h.seq += 1
+
+    def log_done(self, job_id: int, started_wall: float, result: Any) -> bool:
+        """Note a finished job and its result; False when the log has no room for it."""
+        data = b"" if result is None else json.dumps(result).encode()
+        used = self._h.log_used
+        end = used + _RECORD.size + len(data)
+        if end > len(self._log):
+            return False
+        length = -1 if result is None else len(data)
+        _RECORD.pack_into(self._log, used, job_id, started_wall, length)
+        self._log[used + _RECORD.size : end] = data
+        self._h.log_used = end  # the record exists from this store on
+        return True
+
+    def clear_log(self) -> None:
+        """The logged jobs are recorded in the database now."""
+        self._h.log_used = 0
+
+    def count(self, done: int, failed: int, retried: int) -> None:
+        h = self._h
+        h.done, h.failed, h.retried = done, failed, retried
+
+    def cancel_requested(self, job_id: int) -> bool:
+        count = self._h.cancel_count
+        return bool(count) and job_id in self._cancels[:count]
+
+    # -- read (and the cancellations written) by the keeper ----------------------------
+
+    def running(self, writer_gone: bool = False) -> Running | None:
+        """The running job, or None. Once the writer is gone, a write it left half done
+        is read as it stands; while it lives, a reader that keeps catching it mid-write
+        (a child stopped with SIGSTOP) gives up and sees nothing this time."""
+        h = self._h
+        for _ in range(1000):
+            seq = h.seq
+            entry = Running(h.job_id, h.phase, h.started, h.started_wall, h.deadline)
+            if writer_gone or (seq % 2 == 0 and h.seq == seq):
+                return entry if entry.job_id else None
+        return None
+
+    def held(self) -> list[int]:
+        count = min(self._h.count, self.capacity)
+        return [job_id for job_id in self._ids[:count] if job_id]
+
+    def done_log(self) -> list[Done]:
+        entries = []
+        offset, used = 0, min(self._h.log_used, len(self._log))
+        while offset + _RECORD.size <= used:
+            job_id, started_wall, length = _RECORD.unpack_from(self._log, offset)
+            offset += _RECORD.size
+            result = None
+            if length >= 0:
+                try:
+                    result = json.loads(bytes(self._log[offset : offset + length]))
+                except ValueError:
+                    break  # not what the worker wrote: the rest is settled as unfinished
+                offset += length
+            entries.append(Done(job_id, started_wall, result))
+        return entries
+
+    def totals(self) -> tuple[int, int, int]:
+        return self._h.done, self._h.failed, self._h.retried
+
+    def request_cancel(self, ids: Iterable[int], running: int = 0) -> None:
+        wanted = list(ids)[: self.capacity]
+        self._h.cancel_count = 0
+        for index, job_id in enumerate(wanted):
+            self._cancels[index] = job_id
+        self._h.cancel_count = len(wanted)
+        if running:
+            self._h.cancel_running = running
+
+    @property
+    def cancel_running(self) -> int:
+        return int(self._h.cancel_running)
+
+    def reset(self) -> None:
+        """Empty the slot for a new process."""
+        ctypes.memset(ctypes.addressof(self._h), 0, ctypes.sizeof(Header))
+
+
+class SlotTable:
+    """``size`` slots of ``capacity`` held jobs each, in memory that forked children share."""
+
+    def __init__(self, size: int, capacity: int, log_bytes: int = LOG_BYTES) -> None:
+        self.size, self.capacity = size, capacity
+        self._headers: Any = RawArray(Header, size)
+        self._ids: Any = RawArray(ctypes.c_int64, size * capacity)
+        self._cancels: Any = RawArray(ctypes.c_int64, size * capacity)
+        self._logs: Any = RawArray(ctypes.c_ubyte, size * log_bytes)
+        self._log_bytes = log_bytes
+
+    def __getitem__(self, index: int) -> Slot:
+        if not 0 <= index < self.size:
+            raise IndexError(index)
+        cap, log = self.capacity, self._log_bytes
+        ids = (ctypes.c_int64 * cap).from_buffer(self._ids, index * cap * 8)
+        cancels = (ctypes.c_int64 * cap).from_buffer(self._cancels, index * cap * 8)
+        view = memoryview(self._logs).cast("B")[index * log : (index + 1) * log]
+        return Slot(self._headers[index], ids, cancels, view, cap)

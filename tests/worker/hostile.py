@@ -1,0 +1,79 @@
+"""Jobs that misbehave the ways real ones do. Workers started by tests import them from here."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import resource
+import signal
+import time
+from pathlib import Path
+
+from django_dbqueue import job
+
+
+@job
+def exit_hard(code: int = 1) -> None:
+    os._exit(code)
+
+
+@job
+def segfault() -> None:
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file per test run
+    ctypes.string_at(0)
+
+
+@job
+def raise_system_exit() -> None:
+    raise SystemExit(3)
+
+
+@job
+def raise_keyboard_interrupt() -> None:
+    raise KeyboardInterrupt
+
+
+class NotAnException(BaseException):
+    """Derives from BaseException only, like SystemExit."""
+
+
+@job
+def raise_base_exception() -> None:
+    raise NotAnException("a BaseException of the job's own")
+
+
+@job
+def stuck_in_c() -> None:
+    """One PBKDF2 call of 2**31 - 1 iterations: minutes in OpenSSL, deaf to SIGALRM."""
+    hashlib.pbkdf2_hmac("sha256", b"password", b"salt", 2**31 - 1)
+
+
+@job
+def hold_gil(size: int = 27) -> float:
+    """A catastrophically backtracking regex: seconds in C, holding the GIL throughout."""
+    started = time.monotonic()
+    re.fullmatch(r"(x+x+)+y", "x" * size)
+    return time.monotonic() - started
+
+
+@job
+def ignore_alarm(seconds: float) -> None:
+    """Sleeps on with SIGALRM blocked: the polite timeout never reaches it."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    time.sleep(seconds)
+
+
+@job
+def note(directory: str, key: str) -> str:
+    """Append ``key`` to a file of this process: a run counted at no database cost."""
+    with open(Path(directory) / f"runs-{os.getpid()}.txt", "a") as out:
+        out.write(key + "\n")
+    return key
+
+
+@job
+def sleep_past_timeout(seconds: float) -> None:
+    """Overruns its timeout in plain Python: SIGALRM stops it."""
+    time.sleep(seconds)
