@@ -168,3 +168,8 @@ LOGGING = {
 # Tests pass settings to the worker processes they start through the environment.
 DBQUEUE.update(json.loads(os.environ.get("DBQUEUE_SETTINGS_JSON", "{}")))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+if os.environ.get("DBQUEUE_TEST_CLOCK_FILE"):
+    from testproject.test_clock import install
+
+    install(os.environ["DBQUEUE_TEST_CLOCK_FILE"])

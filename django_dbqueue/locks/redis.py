@@ -122,9 +122,7 @@ def redis_client(alias: str | None = None) -> Any:
         if config is None:
             problem = f"{source} and CACHES has no {name!r}: add CACHES[{name!r}]"
         else:
-            problem = (
-                f"{source}, whose BACKEND is {config.get('BACKEND')!r}: point it at a cache"
-            )
+            problem = f"{source}, whose BACKEND is {config.get('BACKEND')!r}: point it at a cache"
         raise LockConfigurationError(
             f"Redis locks need a django-redis cache, but {problem} with BACKEND "
             f"{REDIS_CACHE_BACKEND!r}" + other_backend_advice()

@@ -33,6 +33,10 @@ class Progress:
         )
         self._last_time, self._last = now, Stats(stats.done, stats.failed, stats.retried)
 
+    def note(self, text: str) -> None:
+        """A line about the worker's state (paused queues...), timestamped like the rest."""
+        self.write(f"{time.strftime('%H:%M:%S')}  {text}")
+
     def summary(self, stats: Stats) -> str:
         elapsed = max(time.monotonic() - self.started, 1e-9)
         return (

@@ -37,6 +37,7 @@ from django_dbqueue.worker.connections import (
     refresh_connections,
     retry_transient,
 )
+from django_dbqueue.worker.duties import Duties
 from django_dbqueue.worker.liveness import Keeper, recover
 from django_dbqueue.worker.loop import Stats, Worker
 from django_dbqueue.worker.progress import Progress
@@ -108,6 +109,7 @@ class Supervisor:
         self.options = worker_options
         self.progress = progress
         self.queues = list(worker_options.get("queues") or settings.QUEUES)
+        self.duties = Duties(self.queues, progress.note if progress is not None else None)
         self.name = rows.process_name()
         capacity = int(worker_options.get("batch_size") or settings.BATCH_SIZE)
         self.table = SlotTable(concurrency, capacity)
@@ -338,6 +340,7 @@ class Supervisor:
                     self._settle_graves()
                     self._register_children()
                     self._beat()
+                    self.duties.run()
                 except TRANSIENT_ERRORS as exc:
                     logger.warning(
                         "Supervisor: database error (%s); will retry",

@@ -1,0 +1,69 @@
+"""What a supervisor does for the whole cluster between policing its children: enqueue
+the recurring schedules' due ticks and take its turn at retention.
+
+Both run in the supervisor, never in a child, so no job's code can delay a tick; both are
+safe to run on every host at once (ticks are unique rows, pruning is a cluster-wide turn).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from django_dbqueue.conf import settings
+from django_dbqueue.scheduling.pausing import PauseWatcher
+from django_dbqueue.scheduling.retention import prune_if_due
+from django_dbqueue.scheduling.ticks import Ticker
+
+logger = logging.getLogger("django_dbqueue.supervisor")
+# How often a supervisor asks at most whether it is its turn to prune (the database
+# decides; this only bounds how often each supervisor asks; a shorter RETENTION_INTERVAL
+# asks more often).
+PRUNE_ASK_EVERY = 10.0
+
+
+class Duties:
+    def __init__(self, queues: Sequence[str], note: Callable[[str], None] | None = None) -> None:
+        self.ticker = Ticker()
+        self.pauses = PauseWatcher(queues)
+        self.note = note
+        self._ask_every = min(PRUNE_ASK_EVERY, float(settings.RETENTION_INTERVAL))
+        self._prune_at = time.monotonic() + self._ask_every
+        self._last_note = ""
+
+    def run(self) -> None:
+        """One turn; database errors propagate to the supervisor's retry."""
+        enqueued = self.ticker.run_due()
+        for tick in enqueued:
+            logger.info(
+                "Schedule %r: tick %s enqueued as job %s",
+                tick.schedule,
+                tick.tick_at.isoformat(),
+                tick.job_id,
+                extra={"event": "schedule_tick", "schedule": tick.schedule},
+            )
+        now = time.monotonic()
+        if now >= self._prune_at:
+            self._prune_at = now + self._ask_every
+            deleted = prune_if_due()
+            if deleted:
+                logger.info(
+                    "Retention: deleted %s finished job(s)", deleted, extra={"event": "pruned"}
+                )
+        self._say_paused()
+
+    def _say_paused(self) -> None:
+        if self.note is None:
+            return
+        active, paused = self.pauses.active(), self.pauses.paused
+        if not paused:
+            text = "" if not self._last_note else "queues resumed: claiming again"
+        elif not active:
+            text = f"all queues paused ({', '.join(paused)}): claiming nothing until resumed"
+        else:
+            text = f"paused: {', '.join(paused)} (claiming from {', '.join(active)})"
+        if text != self._last_note and (text or self._last_note):
+            if text:
+                self.note(text)
+            self._last_note = "" if text.startswith("queues resumed") else text
