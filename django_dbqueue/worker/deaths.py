@@ -87,7 +87,7 @@ def describe_exit(exitcode: int | None) -> str:
 def _error(remains: Remains, running: Running) -> tuple[str, str, bool]:
     """(error text, error class path, counts as an attempt) for the job it was running."""
     kill, name = remains.kill, remains.name
-    if kill is not None and kill.job_id == running.job_id:
+    if kill is not None and (kill.reason == STOP or kill.job_id == running.job_id):
         after = f"did not stop within {kill.grace:g} s"
         killed = f"so the supervisor killed its worker process {name} (SIGKILL)"
         if kill.reason == TIMEOUT:
@@ -111,8 +111,9 @@ def _error(remains: Remains, running: Running) -> tuple[str, str, bool]:
             True,
         )
     if kill is not None:
-        # Killed for another job that ended just before the SIGKILL landed: not this
-        # job's doing, so it goes back to the queue uncharged.
+        # Killed for another job that ended just before the SIGKILL landed (where the
+        # supervisor could not freeze the process to make sure): not this job's doing,
+        # so it goes back to the queue uncharged.
         return "", "", False
     doing = "running this job" if running.phase == RUNNING else "recording this job's outcome"
     return (

@@ -78,6 +78,39 @@ def _child_main(
     sys.exit(0)
 
 
+def _still_on(child: Child, running: Running) -> bool:
+    """Freeze the child (SIGSTOP) and check it is still on this run; thaw it if not.
+
+    Between reading a slot and killing its process the job may end and the next one
+    start. A stopped process writes nothing, so its slot can be read for certain. Where
+    /proc does not say a process has stopped, the check is skipped.
+    """
+    pid = child.process.pid or 0
+    stat = f"/proc/{pid}/stat"
+    if not os.path.exists(stat):
+        return True
+    child._signal(signal.SIGSTOP)
+    deadline = time.monotonic() + 0.5
+    while time.monotonic() < deadline:
+        try:
+            with open(stat) as status:
+                state = status.read().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, IndexError):
+            return True  # gone already
+        if state in "tTZX":
+            break
+        time.sleep(0.001)
+    now = child.slot.running()
+    same = (
+        now is not None
+        and now.phase == RUNNING
+        and (now.job_id, now.started) == (running.job_id, running.started)
+    )
+    if not same:
+        child._signal(signal.SIGCONT)
+    return same
+
+
 @dataclass(eq=False)
 class Child:
     index: int
@@ -256,6 +289,8 @@ class Supervisor:
                 self._kill(child, deaths.CANCEL, running)
 
     def _kill(self, child: Child, reason: str, running: Running | None) -> None:
+        if reason != deaths.STOP and running is not None and not _still_on(child, running):
+            return  # the job ended just now: the next one must not go down with it
         job_id = running.job_id if running is not None else 0
         timeout = running.deadline - running.started if running is not None else 0.0
         child.kill = deaths.Kill(reason, job_id, self._grace, timeout)

@@ -61,6 +61,9 @@ def test_admin_shows_the_supervisor_its_children_and_the_running_job(
     assert dashboard.count('class="dbq-worker-supervisor"') == 1
 
     proc.send_signal(signal.SIGTERM)
+    # Shown at once; the idle child exits and its row goes, the busy one's stays.
+    stopping = WorkerProcess.objects.filter(stopping=True, name__in=[supervisor.name, runner.name])
+    wait_until(lambda: stopping.count() == 2, timeout=10)
     proc.send_signal(signal.SIGTERM)  # the sleeping job is stopped, recorded and retried
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out

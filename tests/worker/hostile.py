@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import os
 import re
 import resource
@@ -51,10 +52,17 @@ def stuck_in_c() -> None:
 
 
 @job
-def hold_gil(size: int = 27) -> float:
-    """A catastrophically backtracking regex: seconds in C, holding the GIL throughout."""
+def hold_gil(seconds: float) -> float:
+    """One catastrophically backtracking regex match: about ``seconds`` in C, holding the
+    GIL throughout. Its size is worked out from a shorter match on this machine (each extra
+    character costs ~1.9 times more); returns how long the long match took."""
+    pattern = re.compile(r"(x+x+)+y")
     started = time.monotonic()
-    re.fullmatch(r"(x+x+)+y", "x" * size)
+    pattern.fullmatch("x" * 22)
+    short = max(time.monotonic() - started, 1e-4)
+    size = 22 + max(0, math.ceil(math.log(seconds / short) / math.log(1.9)))
+    started = time.monotonic()
+    pattern.fullmatch("x" * size)
     return time.monotonic() - started
 
 

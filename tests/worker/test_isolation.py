@@ -174,7 +174,7 @@ def test_job_holding_the_gil_past_its_lease_runs_once(
 ) -> None:
     lease = 1.5
     env = worker_env(LEASE_TIMEOUT=lease, HEARTBEAT_INTERVAL=0.3, POLL_INTERVAL=0.2)
-    job = enqueue(hostile.hold_gil, [27])
+    job = enqueue(hostile.hold_gil, [2.5 * lease])
     first = processes.run_jobs(env=env)
     wait_until(lambda: WorkerRow.objects.filter(running_job_id=job.pk).exists(), timeout=30)
     # Recovers expired leases every heartbeat, and would take the job if it expired.
