@@ -195,6 +195,7 @@ def build_job(
             "timeout": bounds.check_timeout(timeout),
             "retry_backoff": bounds.check_retry_backoff(retry_backoff),
             "unique_key": unique_key,
+            "origin_unique_key": unique_key,
             "backend": backend,
             "created_at": now,
             "errors": [],
@@ -260,7 +261,9 @@ def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]], batch_size: int = 
     """Validate every job, then insert them all in batches in one transaction.
 
     Each item is a :class:`JobSpec` or a dict with the keys of :func:`enqueue`.
-    Nothing is written if any item is invalid. unique_key is not supported here.
+    Nothing is written if any item is invalid. ``unique_key`` is refused: one
+    multi-row INSERT cannot skip the rows whose key is taken (MariaDB's INSERT IGNORE
+    would also swallow every other error), so use :func:`enqueue` for unique jobs.
     """
     now = timezone.now()
     defaults = Defaults.read()
@@ -273,7 +276,11 @@ def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]], batch_size: int = 
             except TypeError as exc:
                 raise TypeError(f"job {index}: {exc}") from None
         if spec.options.get("unique_key") is not None:
-            raise InvalidJob("enqueue_many() does not take unique_key; use enqueue() for those.")
+            raise InvalidJob(
+                "enqueue_many() does not take unique_key: its multi-row INSERT is one "
+                "statement, so one taken key would fail the whole batch; use enqueue() "
+                "for unique jobs."
+            )
         try:
             built.append(
                 build_job(

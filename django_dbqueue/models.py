@@ -33,6 +33,12 @@ class Job(models.Model):
     )
     # Set while a job waits or runs; cleared when it finishes so the key can be reused.
     unique_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
+    # The unique_key the job was enqueued with, never cleared: what a requeue gives back.
+    # Written once at insert, in no index, so finishing a job costs nothing more. NULL,
+    # like unique_key, means "enqueued without a key" ("" would be a key).
+    origin_unique_key = models.CharField(  # noqa: DJ001
+        max_length=255, null=True, blank=True, editable=False
+    )
     backend = models.CharField(
         max_length=64, blank=True, default="", help_text="Django Tasks backend alias, if any."
     )
