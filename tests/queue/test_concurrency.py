@@ -149,3 +149,22 @@ def test_workers_never_run_more_than_the_limit_and_lose_nothing(
         assert peak == 1, f"key {key}: {peak} runs at once"
         starts = sum(1 for _, kind in events if kind)
         assert starts == per_key + len(range(0, per_key, 3)), "every failure was retried once"
+
+
+def test_a_child_killed_while_holding_the_slot_frees_it(
+    processes: Processes, worker_env: Callable[..., dict[str, str]]
+) -> None:
+    from tests.worker import hostile
+
+    crash = enqueue(hostile.segfault, concurrency_key="probe:z", max_attempts=2, retry_backoff=0)
+    for n in range(3):
+        enqueue(jobs.keyed_probe, args=["z", n])
+    env = worker_env(LEASE_TIMEOUT=600, HEARTBEAT_INTERVAL=0.3, POLL_INTERVAL=0.2)
+    processes.run_jobs("--concurrency", "2", env=env)
+
+    wait_until(lambda: Job.objects.filter(status=S.DONE).count() == 3, timeout=120)
+    wait_until(lambda: Job.objects.get(pk=crash.pk).status == S.FAILED, timeout=60)
+
+    crash.refresh_from_db()
+    assert crash.attempts == 2, "each death freed the slot for the retry and the others"
+    assert not Job.objects.filter(status__in=[S.CLAIMED, S.QUEUED]).exists()
