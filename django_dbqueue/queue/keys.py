@@ -153,13 +153,18 @@ def _release_key(model: type[Job], using: str, key: str, lock: bool) -> int:
     _lock_key(conn, key, lock)
     running = _claimed(conn, model, key)
     until = model._meta.get_field("run_after").get_db_prep_value(PARKED_UNTIL, conn)
+    sql = (
+        f"SELECT {qn('id')}, {qn('concurrency_limit')} FROM {table} "  # noqa: S608
+        f"WHERE {qn('concurrency_key')} = %s AND {qn('status')} = %s "
+        f"AND {qn('run_after')} = %s ORDER BY {qn('priority')} DESC, {qn('id')} LIMIT %s"
+    )
+    if lock:
+        # A claim may hold one of these rows while it waits for the key lock we hold:
+        # waiting for it in turn would deadlock. That claim admits or parks the row
+        # itself (and flags the key again) once we commit.
+        sql += " FOR UPDATE SKIP LOCKED"
     with conn.cursor() as cursor:
-        cursor.execute(
-            f"SELECT {qn('id')}, {qn('concurrency_limit')} FROM {table} "  # noqa: S608
-            f"WHERE {qn('concurrency_key')} = %s AND {qn('status')} = %s "
-            f"AND {qn('run_after')} = %s ORDER BY {qn('priority')} DESC, {qn('id')} LIMIT %s",
-            [key, QUEUED, until, 1000],
-        )
+        cursor.execute(sql, [key, QUEUED, until, 1000])
         waiting: list[tuple[Any, ...]] = list(cursor.fetchall())
     free = max(0, (waiting[0][1] or 1) - running) if waiting else 0
     ids = [row[0] for row in waiting[:free]]
