@@ -168,3 +168,22 @@ def test_a_child_killed_while_holding_the_slot_frees_it(
     crash.refresh_from_db()
     assert crash.attempts == 2, "each death freed the slot for the retry and the others"
     assert not Job.objects.filter(status__in=[S.CLAIMED, S.QUEUED]).exists()
+
+
+@pytest.mark.django_db
+def test_enqueue_many_takes_concurrency_keys() -> None:
+    from django_dbqueue import enqueue_many
+
+    enqueue_many([{"task": jobs.noop, "concurrency_key": "bulk"} for _ in range(4)])
+    assert ConcurrencyKey.objects.filter(key="bulk").exists()
+    assert len(claim()) == 1
+
+
+@pytest.mark.django_db
+def test_a_parked_job_can_be_cancelled_by_the_operator() -> None:
+    enqueue(jobs.noop, concurrency_key="k")
+    waiting = enqueue(jobs.noop, concurrency_key="k")
+    claim()
+    assert Job.objects.filter(pk=waiting.pk).cancel() == (1, 0)  # type: ignore[attr-defined]
+    assert release_parked(Job, "default", lock=False, force=True) == 0
+    assert not ConcurrencyKey.objects.get(key="k").parked
