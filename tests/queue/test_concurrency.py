@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
 from collections.abc import Callable
 
 import pytest
@@ -16,6 +18,13 @@ from testproject.models import Execution
 from tests.support import Processes, jobs, wait_until
 
 S = Job.Status
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM and wait: a SIGKILLed supervisor's children could outlive the test."""
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
 
 
 def claim(owner: str = "w1", n: int = 10) -> list[Job]:
@@ -129,11 +138,14 @@ def test_workers_never_run_more_than_the_limit_and_lose_nothing(
         for key in keys:
             enqueue(jobs.keyed_probe, args=[key, n, n % 3 == 0], retry_backoff=0.1)
     env = worker_env(POLL_INTERVAL=0.1)
-    for _ in range(3):
-        processes.run_jobs("--concurrency", "2", "--batch-size", "4", env=env)
+    workers = [
+        processes.run_jobs("--concurrency", "2", "--batch-size", "4", env=env) for _ in range(3)
+    ]
 
     total = len(keys) * per_key
     wait_until(lambda: Job.objects.filter(status=S.DONE).count() == total, timeout=240)
+    for proc in workers:
+        stop(proc)
 
     assert not Job.objects.exclude(status=S.DONE).exists(), "nothing lost or stuck"
     for key in keys:
@@ -160,10 +172,11 @@ def test_a_child_killed_while_holding_the_slot_frees_it(
     for n in range(3):
         enqueue(jobs.keyed_probe, args=["z", n])
     env = worker_env(LEASE_TIMEOUT=600, HEARTBEAT_INTERVAL=0.3, POLL_INTERVAL=0.2)
-    processes.run_jobs("--concurrency", "2", env=env)
+    proc = processes.run_jobs("--concurrency", "2", env=env)
 
     wait_until(lambda: Job.objects.filter(status=S.DONE).count() == 3, timeout=120)
     wait_until(lambda: Job.objects.get(pk=crash.pk).status == S.FAILED, timeout=60)
+    stop(proc)
 
     crash.refresh_from_db()
     assert crash.attempts == 2, "each death freed the slot for the retry and the others"
