@@ -23,6 +23,8 @@ ENQUEUE_OPTIONS = (
     "timeout",
     "retry_backoff",
     "unique_key",
+    "concurrency_key",
+    "concurrency_limit",
 )
 QUEUE_NAME_MAX = 64  # Job.queue's max_length (tests/test_registry.py holds them equal)
 PRIORITY_RANGE = (-32768, 32767)  # a SmallIntegerField
@@ -155,3 +157,21 @@ def too_deep(what: str) -> InvalidJob:
         f"Job {what} are nested deeper than {MAX_NESTING} levels of lists and dicts. Pass "
         "flatter data (or an id to look the data up)."
     )
+
+
+# Jobs of one concurrency key that may be claimed at once; more is a pool, not a key.
+MAX_CONCURRENCY_LIMIT = 1000
+
+
+def check_concurrency_key(value: Any) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= 255:
+        raise InvalidJob("concurrency_key must be a string of 1 to 255 characters.")
+    return value
+
+
+def check_concurrency_limit(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidJob("concurrency_limit must be a whole number.")
+    if not 1 <= value <= MAX_CONCURRENCY_LIMIT:
+        raise InvalidJob(f"concurrency_limit must be between 1 and {MAX_CONCURRENCY_LIMIT}.")
+    return value

@@ -16,6 +16,7 @@ from django_dbqueue import bounds, signals
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import InvalidJob, InvalidJobArguments
 from django_dbqueue.models import Job
+from django_dbqueue.queue.keys import ensure_keys
 from django_dbqueue.registry import path_for_enqueue
 
 
@@ -126,6 +127,8 @@ def build_job(
     timeout: float | None = None,
     retry_backoff: float | None = None,
     unique_key: str | None = None,
+    concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
     backend: str = "",
     now: datetime | None = None,
     defaults: Defaults | None = None,
@@ -155,6 +158,9 @@ def build_job(
         )
     if args is None:
         args = []
+    concurrency_key, concurrency_limit = _concurrency(
+        task_defaults, concurrency_key, concurrency_limit, args, kwargs
+    )
     if isinstance(args, str | bytes) or not isinstance(args, Sequence):
         raise InvalidJob(f"args must be a list or tuple, not {type(args).__name__}.")
     if kwargs is None:
@@ -195,10 +201,42 @@ def build_job(
             "timeout": bounds.check_timeout(timeout),
             "retry_backoff": bounds.check_retry_backoff(retry_backoff),
             "unique_key": unique_key,
+            "origin_unique_key": unique_key,
+            "concurrency_key": concurrency_key,
+            "concurrency_limit": concurrency_limit,
             "backend": backend,
             "created_at": now,
             "errors": [],
         }
+    )
+
+
+def _concurrency(
+    task_defaults: Mapping[str, Any],
+    key: str | None,
+    limit: int | None,
+    args: Any,
+    kwargs: Any,
+) -> tuple[str | None, int | None]:
+    """(concurrency_key, concurrency_limit): the given ones, else the task's defaults,
+    whose key is a format string over the job's arguments."""
+    if key is None and task_defaults.get("concurrency_key") is not None:
+        template = str(task_defaults["concurrency_key"])
+        try:
+            key = template.format(*(args or ()), **(kwargs or {}))
+        except (IndexError, KeyError, ValueError, AttributeError) as exc:
+            raise InvalidJob(
+                f"concurrency_key {template!r} cannot be formatted with this job's "
+                f"arguments: {exc!r}."
+            ) from None
+    if limit is None:
+        limit = task_defaults.get("concurrency_limit")
+    if key is None:
+        if limit is not None:
+            raise InvalidJob("concurrency_limit needs a concurrency_key.")
+        return None, None
+    return bounds.check_concurrency_key(key), bounds.check_concurrency_limit(
+        1 if limit is None else limit
     )
 
 
@@ -213,7 +251,8 @@ def enqueue(
     ``task`` is a registered task (an ``@job`` function or a Django ``@task``) or its
     dotted path; anything else raises InvalidJob. Options: queue, priority,
     run_after (datetime, timedelta or seconds), max_attempts, timeout, retry_backoff,
-    unique_key. With ``unique_key`` set and a job of that key still waiting or running,
+    unique_key, concurrency_key and concurrency_limit (default 1; docs/concurrency.md).
+    With ``unique_key`` set and a job of that key still waiting or running,
     that job is returned instead of a new one. A misspelt option is a TypeError.
     """
     if options:
@@ -230,6 +269,8 @@ def save_job(job: Job) -> tuple[Job, bool]:
     sent when the surrounding transaction commits.
     """
     using = router.db_for_write(Job)
+    if job.concurrency_key is not None:
+        ensure_keys(using, [job.concurrency_key])
     saved, created = _insert(job, using)
     if created:
         transaction.on_commit(lambda: signals.jobs_enqueued.send(Job, jobs=[saved]), using=using)
@@ -260,7 +301,9 @@ def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]], batch_size: int = 
     """Validate every job, then insert them all in batches in one transaction.
 
     Each item is a :class:`JobSpec` or a dict with the keys of :func:`enqueue`.
-    Nothing is written if any item is invalid. unique_key is not supported here.
+    Nothing is written if any item is invalid. ``unique_key`` is refused: one
+    multi-row INSERT cannot skip the rows whose key is taken (MariaDB's INSERT IGNORE
+    would also swallow every other error), so use :func:`enqueue` for unique jobs.
     """
     now = timezone.now()
     defaults = Defaults.read()
@@ -273,7 +316,11 @@ def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]], batch_size: int = 
             except TypeError as exc:
                 raise TypeError(f"job {index}: {exc}") from None
         if spec.options.get("unique_key") is not None:
-            raise InvalidJob("enqueue_many() does not take unique_key; use enqueue() for those.")
+            raise InvalidJob(
+                "enqueue_many() does not take unique_key: its multi-row INSERT is one "
+                "statement, so one taken key would fail the whole batch; use enqueue() "
+                "for unique jobs."
+            )
         try:
             built.append(
                 build_job(
@@ -291,6 +338,9 @@ def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]], batch_size: int = 
         return []
     using = router.db_for_write(Job)
     with transaction.atomic(using=using):
+        keys = [job.concurrency_key for job in built if job.concurrency_key is not None]
+        if keys:
+            ensure_keys(using, keys)
         created = Job.objects.db_manager(using).insert_many(built, batch_size=batch_size)
     transaction.on_commit(lambda: signals.jobs_enqueued.send(Job, jobs=created), using=using)
     return created

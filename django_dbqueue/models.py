@@ -33,6 +33,19 @@ class Job(models.Model):
     )
     # Set while a job waits or runs; cleared when it finishes so the key can be reused.
     unique_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
+    # The unique_key the job was enqueued with, never cleared: what a requeue gives back.
+    # Written once at insert, in no index, so finishing a job costs nothing more. NULL,
+    # like unique_key, means "enqueued without a key" ("" would be a key).
+    origin_unique_key = models.CharField(  # noqa: DJ001
+        max_length=255, null=True, blank=True, editable=False
+    )
+    # At most concurrency_limit jobs of one concurrency_key are claimed at any moment
+    # (docs/concurrency.md): the claim counts CLAIMED rows of the key under a lock on the
+    # key's ConcurrencyKey row, so every way a job leaves CLAIMED frees its slot.
+    concurrency_key = models.CharField(  # noqa: DJ001 (NULL: no key; "" would be a key)
+        max_length=255, null=True, blank=True
+    )
+    concurrency_limit = models.PositiveIntegerField(null=True, blank=True)
     backend = models.CharField(
         max_length=64, blank=True, default="", help_text="Django Tasks backend alias, if any."
     )
@@ -76,6 +89,8 @@ class Job(models.Model):
             # these never change after the INSERT, so they cost the hot path nothing; a
             # status filter on top reads a queue's rows newest first until the page is full.
             models.Index(fields=["queue", "id"], name="dbq_job_queue"),
+            # The claim counts a key's CLAIMED rows with this one.
+            models.Index(fields=["concurrency_key", "status"], name="dbq_job_concurrency"),
             models.Index(fields=["task", "id"], name="dbq_job_task"),
         ]
 
@@ -195,3 +210,20 @@ class Duty(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} (due {self.due_at.isoformat()})"
+
+
+class ConcurrencyKey(models.Model):
+    """One row per concurrency key: the lock that serializes claims of the key's jobs.
+
+    No counter: the jobs holding a key's slots are its CLAIMED rows. ``parked`` says some
+    of its jobs wait for a slot (their run_after is PARKED_UNTIL); claims look for them.
+    """
+
+    key = models.CharField(max_length=255, unique=True)
+    parked = models.BooleanField(default=False, db_index=True)
+
+    class Meta:
+        db_table = "dbqueue_concurrency"
+
+    def __str__(self) -> str:
+        return self.key

@@ -80,6 +80,8 @@ def job(
     max_attempts: int | None = None,
     timeout: float | None = None,
     retry_backoff: float | None = None,
+    concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -92,12 +94,17 @@ def job(
     max_attempts: int | None = None,
     timeout: float | None = None,
     retry_backoff: float | None = None,
+    concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
 ) -> Any:
     """Register a module-level function as a task, under ``module.qualname``.
 
     ``@job`` or ``@job(queue="emails", max_attempts=5, timeout=30)``: the options are
     defaults for every enqueue of this task (an enqueue() argument still wins). The
     function is returned unchanged: calling it directly runs it in the caller.
+    ``concurrency_key`` may be a format string over the job's arguments
+    (``"customer:{customer_id}"`` from a keyword argument, ``"customer:{0}"`` from the
+    first positional one), formatted at each enqueue; see docs/concurrency.md.
     Workers run only registered tasks, so the module must be one they import: an
     installed app's ``tasks.py`` or ``jobs.py``, or a module in ``DBQUEUE['TASK_MODULES']``.
     """
@@ -107,6 +114,8 @@ def job(
         max_attempts=max_attempts,
         timeout=timeout,
         retry_backoff=retry_backoff,
+        concurrency_key=concurrency_key,
+        concurrency_limit=concurrency_limit,
     )
 
     def decorate(function: F) -> F:
@@ -128,6 +137,8 @@ def _checked_defaults(**given: Any) -> dict[str, Any]:
         "max_attempts": bounds.check_max_attempts,
         "timeout": bounds.check_timeout,
         "retry_backoff": bounds.check_retry_backoff,
+        "concurrency_key": bounds.check_concurrency_key,
+        "concurrency_limit": bounds.check_concurrency_limit,
     }
     return {name: checks[name](value) for name, value in given.items() if value is not None}
 

@@ -39,7 +39,7 @@ from django_dbqueue.admin.paginator import CappedCountPaginator
 from django_dbqueue.admin.scheduling import SchedulingAdmin, dashboard_context
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Job
-from django_dbqueue.queue.actions import JobQuerySet
+from django_dbqueue.queue.actions import JobQuerySet, RequeueReport
 
 if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[Job]
@@ -339,21 +339,31 @@ class JobAdmin(SchedulingAdmin, _ModelAdmin):
                 messages.WARNING,
             )
 
+    def _requeue(self, request: HttpRequest, queryset: QuerySet[Job], run_now: bool) -> None:
+        selected, reports = apply_in_chunks(queryset, lambda qs: qs.requeue_report(run_now))
+        report = RequeueReport(
+            requeued=sum(r.requeued for r in reports),
+            key_held=[held for r in reports for held in r.key_held],
+        )
+        done = "Requeued {n} job(s) to run now." if run_now else "Requeued {n} job(s)."
+        self.message_user(request, done.format(n=report.requeued), messages.SUCCESS)
+        if report.key_held:
+            self.message_user(request, report.describe(), messages.WARNING)
+        others = selected - report.requeued - len(report.key_held)
+        if others > 0:
+            self.message_user(
+                request,
+                f"{others} selected job(s) left unchanged: {NOT_FINISHED}",
+                messages.WARNING,
+            )
+
     @admin.action(permissions=["change"], description="Requeue (failed, cancelled or done)")
     def requeue_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        self._apply(
-            request, queryset, lambda qs: qs.requeue(), "Requeued {n} job(s).", NOT_FINISHED
-        )
+        self._requeue(request, queryset, run_now=False)
 
     @admin.action(permissions=["change"], description="Requeue and run now")
     def requeue_jobs_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        self._apply(
-            request,
-            queryset,
-            lambda qs: qs.requeue(run_now=True),
-            "Requeued {n} job(s) to run now.",
-            NOT_FINISHED,
-        )
+        self._requeue(request, queryset, run_now=True)
 
     @admin.action(
         permissions=["change"], description="Cancel (queued; running ones are asked to stop)"
@@ -470,8 +480,11 @@ class JobAdmin(SchedulingAdmin, _ModelAdmin):
         jobs = Job.objects.filter(pk=job.pk)
         level, message = messages.SUCCESS, ""
         if operation in ("requeue", "requeue_now"):
-            if jobs.requeue(run_now=operation == "requeue_now"):
+            report = jobs.requeue_report(run_now=operation == "requeue_now")
+            if report.requeued:
                 message = f"Job #{job.pk} requeued."
+            elif report.key_held:
+                level, message = messages.ERROR, report.describe()
             else:
                 level, message = (
                     messages.ERROR,

@@ -9,10 +9,11 @@ works through large selections in chunks of ids).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from django.db import models
+from django.db import IntegrityError, models, transaction
 from django.utils import timezone
 
 from django_dbqueue.queue.claim import CLAIM_ORDER
@@ -21,6 +22,29 @@ from django_dbqueue.status import CANCELLED, CLAIMED, DONE, FAILED, FINISHED, QU
 
 if TYPE_CHECKING:
     from django_dbqueue.models import Job  # noqa: F401 (named in the base class below)
+
+
+@dataclass
+class RequeueReport:
+    requeued: int = 0
+    # (job id, its unique key, the id of the job holding that key, None if it finished
+    # in between) for each job left alone because its key was taken.
+    key_held: list[tuple[int, str, int | None]] = field(default_factory=list)
+
+    def describe(self) -> str:
+        """One sentence naming the jobs a requeue left alone, for the admin."""
+        parts = [
+            f"#{pk} ({key!r}, held by job #{holder})"
+            if holder is not None
+            else f"#{pk} ({key!r}, taken meanwhile)"
+            for pk, key, holder in self.key_held[:20]
+        ]
+        more = len(self.key_held) - len(parts)
+        tail = f" and {more} more" if more > 0 else ""
+        return (
+            f"{len(self.key_held)} job(s) not requeued because another job holds their "
+            f"unique key: {', '.join(parts)}{tail}."
+        )
 
 
 class JobQuerySet(models.QuerySet["Job"]):
@@ -36,11 +60,21 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.filter(status__in=FINISHED)
 
     def requeue(self, run_now: bool = False) -> int:
+        """Put failed, cancelled and done jobs back in the queue; returns how many.
+
+        See :meth:`requeue_report`, which also says which jobs were left alone because
+        another job holds their unique key.
+        """
+        return self.requeue_report(run_now).requeued
+
+    def requeue_report(self, run_now: bool = False) -> RequeueReport:
         """Put failed, cancelled and done jobs back in the queue with a fresh attempt count.
 
         ``last_error`` and the ``errors`` history are kept so the operator can still see
-        why the job failed before. ``unique_key`` stays empty: the key was released when
-        the job finished. Returns how many jobs were requeued.
+        why the job failed before. A job enqueued with a ``unique_key`` gets its key back;
+        when another job holds that key (a newer job of the same key waits or runs), the
+        job is not requeued, as ``enqueue()`` would not have added it either, and the
+        report names it and the holder.
         """
         fields: dict[str, Any] = {
             "status": QUEUED,
@@ -54,7 +88,29 @@ class JobQuerySet(models.QuerySet["Job"]):
         }
         if run_now:
             fields["run_after"] = timezone.now()
-        return self.filter(status__in=[FAILED, CANCELLED, DONE]).update(**fields)
+        requeueable = self.filter(status__in=[FAILED, CANCELLED, DONE])
+        report = RequeueReport(requeued=requeueable.filter(origin_unique_key=None).update(**fields))
+        keyed = requeueable.exclude(origin_unique_key=None).order_by("pk")
+        for pk, key in keyed.values_list("pk", "origin_unique_key"):
+            try:
+                # A savepoint: on PostgreSQL a failed statement spoils the transaction.
+                with transaction.atomic(using=keyed.db):
+                    changed = (
+                        self.model._default_manager.using(keyed.db)
+                        .filter(pk=pk, status__in=[FAILED, CANCELLED, DONE])
+                        .update(unique_key=key, **fields)
+                    )
+            except IntegrityError:
+                holder = (
+                    self.model._default_manager.using(keyed.db)
+                    .filter(unique_key=key)
+                    .values_list("pk", flat=True)
+                    .first()
+                )
+                report.key_held.append((pk, str(key), holder))
+                continue
+            report.requeued += changed
+        return report
 
     def cancel(self) -> tuple[int, int]:
         """Cancel queued jobs and ask the workers running claimed ones to stop.

@@ -16,6 +16,7 @@ from django_dbqueue.queue.dialects import (
     placeholders,
     write_transaction,
 )
+from django_dbqueue.queue.keys import admit, release_parked
 from django_dbqueue.status import CLAIMED, QUEUED
 
 if TYPE_CHECKING:
@@ -80,6 +81,19 @@ def claim(
     conn = connections[using]
     queue_list = list(queues)
     locking = has_locking_reads(conn)
+    # Concurrency keys: parked jobs whose key has a free slot become runnable. Looked
+    # for now and then before a claim, and always before a claim comes back empty.
+    release_parked(model, using, locking)
+    jobs = _claim(model, using, owner, batch_size, queue_list, locking)
+    if not jobs and release_parked(model, using, locking, force=True):
+        jobs = _claim(model, using, owner, batch_size, queue_list, locking)
+    return jobs
+
+
+def _claim(
+    model: type[Job], using: str, owner: str, batch_size: int, queue_list: list[str], locking: bool
+) -> list[Job]:
+    conn = connections[using]
     for _ in range(3):
         now = timezone.now()
         if not locking:
@@ -208,6 +222,9 @@ def _lock_and_mark(
         (_job_from_row(model, using, row, reader, conn) for row in rows),
         key=lambda job: rank[job.id],
     )
+    jobs = admit(model, using, jobs, lock)  # concurrency keys: park what does not fit
+    if not jobs:
+        return []
     ids = [job.id for job in jobs]
     sql = (
         f"UPDATE {qn(model._meta.db_table)} SET {qn('status')} = %s, "  # noqa: S608

@@ -90,3 +90,16 @@ def lock_own_row_then_return(job_id: int, hold: float) -> str:
     threading.Thread(target=hold_lock, daemon=True).start()
     locked.wait(10)
     return "recorded after the lock was released"
+
+
+@job(concurrency_key="probe:{0}", concurrency_limit=1)
+def keyed_probe(key: str, n: int, fail_first: bool = False) -> None:
+    """Record when this run started and ended; with fail_first, the first run fails."""
+    Execution.objects.create(key=f"start:{key}:{n}", pid=os.getpid())
+    time.sleep(0.02)
+    failing = fail_first and not Execution.objects.filter(key=f"failed:{key}:{n}").exists()
+    if failing:
+        Execution.objects.create(key=f"failed:{key}:{n}", pid=os.getpid())
+    Execution.objects.create(key=f"end:{key}:{n}", pid=os.getpid())
+    if failing:
+        raise RuntimeError(f"first run of {key}:{n} fails")
