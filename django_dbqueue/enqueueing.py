@@ -9,13 +9,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
-from django.db import IntegrityError, router, transaction
+from django.db import IntegrityError, OperationalError, connections, router, transaction
 from django.utils import timezone
 
 from django_dbqueue import bounds, signals
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import InvalidJob, InvalidJobArguments
 from django_dbqueue.models import Job
+from django_dbqueue.queue.dialects import is_deadlock
 from django_dbqueue.queue.keys import ensure_keys
 from django_dbqueue.registry import path_for_enqueue
 
@@ -281,11 +282,20 @@ def _insert(job: Job, using: str) -> tuple[Job, bool]:
     if job.unique_key is None:
         job.save(using=using, force_insert=True)
         return job, True
-    for _ in range(3):
+    # Outside a caller's transaction a deadlock between inserts of the same key (InnoDB
+    # locks the duplicate's index record) can be retried: nothing else was rolled back.
+    # Inside one it cannot: InnoDB rolled back the caller's whole transaction.
+    retry_deadlocks = not connections[using].in_atomic_block
+    for _ in range(5):
         try:
             with transaction.atomic(using=using):
                 job.save(using=using, force_insert=True)
             return job, True
+        except OperationalError as exc:
+            if not (retry_deadlocks and is_deadlock(exc)):
+                raise
+            job.pk = None
+            continue
         except IntegrityError:
             existing = Job.objects.using(using).filter(unique_key=job.unique_key).first()
             if existing is not None:

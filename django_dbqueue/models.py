@@ -89,8 +89,9 @@ class Job(models.Model):
             # these never change after the INSERT, so they cost the hot path nothing; a
             # status filter on top reads a queue's rows newest first until the page is full.
             models.Index(fields=["queue", "id"], name="dbq_job_queue"),
-            # The claim counts a key's CLAIMED rows with this one.
-            models.Index(fields=["concurrency_key", "status"], name="dbq_job_concurrency"),
+            # The claim counts a key's CLAIMED rows along this one. Neither column changes
+            # after the INSERT, so status changes of jobs without a key never write it.
+            models.Index(fields=["concurrency_key", "id"], name="dbq_job_concurrency"),
             models.Index(fields=["task", "id"], name="dbq_job_task"),
         ]
 

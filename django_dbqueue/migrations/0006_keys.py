@@ -40,6 +40,6 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name="job",
-            index=models.Index(fields=["concurrency_key", "status"], name="dbq_job_concurrency"),
+            index=models.Index(fields=["concurrency_key", "id"], name="dbq_job_concurrency"),
         ),
     ]

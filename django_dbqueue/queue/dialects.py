@@ -127,3 +127,16 @@ def estimated_rows(using: str, table: str) -> int | None:
     if row is None or row[0] is None or int(row[0]) < 0:
         return None
     return int(row[0])
+
+
+# MySQL/MariaDB: "Deadlock found when trying to get lock" (the transaction was rolled back).
+MYSQL_DEADLOCK = 1213
+
+
+def is_deadlock(exc: BaseException) -> bool:
+    """A deadlock the database resolved by rolling this transaction back."""
+    code = exc.args[0] if exc.args else None
+    if code == MYSQL_DEADLOCK:
+        return True
+    cause = exc.__cause__
+    return getattr(cause, "sqlstate", None) == "40P01"  # PostgreSQL deadlock_detected
