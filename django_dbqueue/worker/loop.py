@@ -28,6 +28,7 @@ from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import JobCancelled, RetryJob, UnregisteredTask, WorkerShutdown
 from django_dbqueue.models import Job
 from django_dbqueue.models import WorkerProcess as WorkerRow
+from django_dbqueue.queue.claim import Claimed
 from django_dbqueue.scheduling.pausing import PauseWatcher
 from django_dbqueue.worker import rows, wakeup
 from django_dbqueue.worker.connections import (
@@ -190,6 +191,8 @@ class Worker:
                 refresh_connections()
                 self.stopping.wait(backoff(failures))
                 continue
+            if not jobs and jobs.contended:
+                continue  # other workers took what we saw; there is more: ask again
             if not jobs:
                 self._flush(force=True)
                 if self.burst:
@@ -235,13 +238,13 @@ class Worker:
                 logger.debug("closing the wake-up listener failed", exc_info=True)
             self._listener = None
 
-    def _claim(self) -> list[Job]:
+    def _claim(self) -> Claimed:
         limit = self.batch_size
         if self.max_jobs is not None:
             limit = max(1, min(limit, self.max_jobs - self.stats.processed))
         queues = self._pauses.active()
         if not queues:
-            return []
+            return Claimed()
         jobs = Job.objects.claim(self.name, limit, queues)
         ids = [job.id for job in jobs]
         self.slot.hold(ids)
