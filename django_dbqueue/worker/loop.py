@@ -246,7 +246,10 @@ class Worker:
 
         A process claims only what it can start soon, so jobs it holds are not jobs an
         idle process could run. Before any job has run, the cost is unknown: one job.
+        ``CLAIM_AHEAD = 0`` turns this off: every claim asks for the whole batch.
         """
+        if self._claim_ahead <= 0:
+            return self.batch_size
         if self._job_seconds is None:
             return 1
         if self._job_seconds <= 0:
