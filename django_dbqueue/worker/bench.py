@@ -45,6 +45,8 @@ def machine(using: str) -> dict[str, Any]:
     with conn.cursor() as cursor:
         if conn.vendor == "sqlite":
             cursor.execute("SELECT sqlite_version()")
+        elif conn.vendor == "postgresql":
+            cursor.execute("SHOW server_version")
         else:
             cursor.execute("SELECT VERSION()")
         server = str(cursor.fetchone()[0])
