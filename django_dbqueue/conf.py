@@ -25,7 +25,8 @@ DEFAULTS: dict[str, Any] = {
     # change jobs), "view" (everyone who may view them) or "none". Tracebacks stay visible.
     "ADMIN_SHOW_PAYLOADS": "change",
     # Worker
-    "BATCH_SIZE": 100,
+    "BATCH_SIZE": 100,  # most jobs one claim takes; fewer when jobs are slow:
+    "CLAIM_AHEAD": 0.15,  # a claim takes about this many seconds of work (measured); 0: all
     "POLL_INTERVAL": 1.0,  # longest sleep between polls of an idle queue (seconds)
     "MIN_POLL_INTERVAL": 0.05,  # first sleep after the queue ran dry
     "LEASE_TIMEOUT": 60.0,  # a claimed job whose lease is this old is recovered

@@ -25,6 +25,18 @@ if TYPE_CHECKING:
 CLAIM_ORDER = ("-priority", "run_after", "id")
 
 
+class Claimed(list["Job"]):
+    """The jobs one claim took, best first.
+
+    Empty and ``contended``: runnable jobs were there, but other claimers took every one
+    of them first. That is a busy queue, not an empty one: ask again at once.
+    """
+
+    def __init__(self, jobs: Sequence[Job] = (), contended: bool = False) -> None:
+        super().__init__(jobs)
+        self.contended = contended
+
+
 class RowReader(NamedTuple):
     columns: str  # quoted column list for the SELECT
     names: list[str]  # attribute names, in the same order
@@ -67,7 +79,7 @@ def _job_from_row(
 
 def claim(
     model: type[Job], using: str, owner: str, batch_size: int, queues: Sequence[str]
-) -> list[Job]:
+) -> Claimed:
     """Claim up to ``batch_size`` runnable jobs of ``queues`` for ``owner``.
 
     1. read candidate ids: a plain read that walks the claim index in order,
@@ -75,6 +87,10 @@ def claim(
        (re-checking the status), 3. one UPDATE by primary key, 4. COMMIT.
     Without locking reads (SQLite) all of it runs in one IMMEDIATE transaction instead.
     Attempts are counted here, so a job that kills its worker still uses one up.
+
+    Two claimers reading at once read the same ids, and the slower one's locking read
+    skips them all. It then reads again past the ids it found taken; if those are taken
+    too, three times over, it returns an empty :class:`Claimed` marked ``contended``.
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
@@ -92,27 +108,31 @@ def claim(
 
 def _claim(
     model: type[Job], using: str, owner: str, batch_size: int, queue_list: list[str], locking: bool
-) -> list[Job]:
+) -> Claimed:
     conn = connections[using]
+    if not locking:
+        for _ in range(3):
+            now = timezone.now()
+            with write_transaction(using):
+                candidates = _candidate_ids(model, conn, queue_list, now, batch_size, [])
+                jobs = _lock_and_mark(model, using, candidates, owner, now, lock=False)
+            # Candidates but no job: all were parked over their key's limit; read on.
+            if jobs or not candidates:
+                return Claimed(jobs)
+        return Claimed(contended=True)
+    taken: list[int] = []
     for _ in range(3):
         now = timezone.now()
-        if not locking:
-            with write_transaction(using):
-                candidates = _candidate_ids(model, conn, queue_list, now, batch_size)
-                jobs = _lock_and_mark(model, using, candidates, owner, now, lock=False)
-            if jobs or not candidates:
-                return jobs
-            continue
-        candidates = _candidate_ids(model, conn, queue_list, now, batch_size)
+        candidates = _candidate_ids(model, conn, queue_list, now, batch_size, taken)
         if not candidates:
-            return []
+            # Nothing runnable but what other claimers are taking: nothing for us.
+            return Claimed()
         with write_transaction(using):
             jobs = _lock_and_mark(model, using, candidates, owner, now, lock=True)
         if jobs:
-            return jobs
-        # Every candidate was taken by another claimer between our read and our lock:
-        # read again at once, the queue is evidently busy.
-    return []
+            return Claimed(jobs)
+        taken += candidates
+    return Claimed(contended=True)
 
 
 # Queues read per statement: SQLite allows 500 terms in a compound SELECT, and past a
@@ -121,7 +141,12 @@ QUEUES_PER_STATEMENT = 100
 
 
 def _candidate_ids(
-    model: type[Job], conn: BaseDatabaseWrapper, queues: list[str], now: datetime, limit: int
+    model: type[Job],
+    conn: BaseDatabaseWrapper,
+    queues: list[str],
+    now: datetime,
+    limit: int,
+    exclude: list[int],
 ) -> list[int]:
     """Ids of the next runnable jobs, best first, each queue read along the claim index.
 
@@ -129,36 +154,43 @@ def _candidate_ids(
     queues; one index range per queue, each stopping after ``limit`` rows, and a
     merge of at most ``limit * len(queues)`` rows keeps the cost flat. Many queues are
     read in chunks of :data:`QUEUES_PER_STATEMENT`, merged here by the same order.
+    ``exclude``: ids another claimer was seen taking, skipped in the index walk.
     """
     if len(queues) <= QUEUES_PER_STATEMENT:
-        return [row[0] for row in _candidates(model, conn, queues, now, limit)]
+        return [row[0] for row in _candidates(model, conn, queues, now, limit, exclude)]
     if has_lateral_arrays(conn):
-        return _candidates_lateral(model, conn, queues, now, limit)
+        return _candidates_lateral(model, conn, queues, now, limit, exclude)
     rows: list[tuple[Any, ...]] = []
     for start in range(0, len(queues), QUEUES_PER_STATEMENT):
         chunk = queues[start : start + QUEUES_PER_STATEMENT]
-        rows += _candidates(model, conn, chunk, now, limit)
+        rows += _candidates(model, conn, chunk, now, limit, exclude)
     # The database's order: priority descending, then run_after, then id.
     rows.sort(key=lambda row: (-row[1], row[2], row[0]))
     return [row[0] for row in rows[:limit]]
 
 
 def _candidates(
-    model: type[Job], conn: BaseDatabaseWrapper, queues: list[str], now: datetime, limit: int
+    model: type[Job],
+    conn: BaseDatabaseWrapper,
+    queues: list[str],
+    now: datetime,
+    limit: int,
+    exclude: list[int],
 ) -> list[tuple[Any, ...]]:
     """(id, priority, run_after) of the best ``limit`` runnable jobs of ``queues``."""
     qn = conn.ops.quote_name
     table = qn(model._meta.db_table)
     when = model._meta.get_field("run_after").get_db_prep_value(now, conn)
     order = f"{qn('priority')} DESC, {qn('run_after')}, {qn('id')}"
+    skip = f"AND {qn('id')} NOT IN ({placeholders(len(exclude))}) " if exclude else ""
     one = (
         f"SELECT {qn('id')}, {qn('priority')}, {qn('run_after')} FROM {table} "  # noqa: S608
         f"WHERE {qn('status')} = %s AND {qn('queue')} = %s AND {qn('run_after')} <= %s "
-        f"ORDER BY {order} LIMIT %s"
+        f"{skip}ORDER BY {order} LIMIT %s"
     )
     params: list[Any] = []
     for queue in queues:
-        params += [QUEUED, queue, when, limit]
+        params += [QUEUED, queue, when, *exclude, limit]
     if len(queues) == 1:
         sql = one
     else:
@@ -174,7 +206,12 @@ def _candidates(
 
 
 def _candidates_lateral(
-    model: type[Job], conn: BaseDatabaseWrapper, queues: list[str], now: datetime, limit: int
+    model: type[Job],
+    conn: BaseDatabaseWrapper,
+    queues: list[str],
+    now: datetime,
+    limit: int,
+    exclude: list[int],
 ) -> list[int]:
     """The same index range per queue in one statement, the queues passed as one array.
 
@@ -189,11 +226,12 @@ def _candidates_lateral(
         f"SELECT c.{qn('id')} FROM unnest(%s::varchar[]) AS q(name) "  # noqa: S608
         f"CROSS JOIN LATERAL (SELECT {columns} FROM {qn(model._meta.db_table)} "
         f"WHERE {qn('status')} = %s AND {qn('queue')} = q.name AND {qn('run_after')} <= %s "
+        f"AND NOT ({qn('id')} = ANY(%s::bigint[])) "
         f"ORDER BY {qn('priority')} DESC, {qn('run_after')}, {qn('id')} LIMIT %s) AS c "
         f"ORDER BY {order} LIMIT %s"
     )
     with conn.cursor() as cursor:
-        cursor.execute(sql, [queues, QUEUED, when, limit, limit])
+        cursor.execute(sql, [queues, QUEUED, when, exclude, limit, limit])
         return [row[0] for row in cursor.fetchall()]
 
 

@@ -26,7 +26,7 @@ class BaseJobManager(models.Manager["Job"]):
 
     def claim(
         self, owner: str, batch_size: int = 100, queues: Sequence[str] | None = None
-    ) -> list[Job]:
+    ) -> claim.Claimed:
         """Claim up to ``batch_size`` runnable jobs for ``owner`` (see :mod:`.claim`)."""
         return claim.claim(
             self.model, self._using(), owner, batch_size, list(queues or settings.QUEUES)

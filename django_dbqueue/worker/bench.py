@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import platform
 import signal
 import statistics
 import time
@@ -28,6 +29,35 @@ BENCH_QUEUE_NOTE = "dbqueue_bench"
 @job
 def noop() -> None:
     """The benchmark's job: nothing, so the queue's own cost is what gets measured."""
+
+
+@job
+def sleep_ms(ms: float) -> None:
+    """A job of a given duration (``--job-ms``): what a worker does between claims."""
+    time.sleep(ms / 1000)
+
+
+def machine(using: str) -> dict[str, Any]:
+    """Where the figures come from, so figures of different machines are not compared blindly."""
+    import django
+
+    conn = connections[using]
+    with conn.cursor() as cursor:
+        if conn.vendor == "sqlite":
+            cursor.execute("SELECT sqlite_version()")
+        elif conn.vendor == "postgresql":
+            cursor.execute("SHOW server_version")
+        else:
+            cursor.execute("SELECT VERSION()")
+        server = str(cursor.fetchone()[0])
+    return {
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "django": django.get_version(),
+        "database": conn.vendor,
+        "database_version": server,
+        "platform": platform.platform(),
+    }
 
 
 @dataclass
@@ -59,9 +89,13 @@ def bench_enqueue_bulk(count: int) -> float:
     return _rate(count, time.perf_counter() - started)
 
 
-def bench_drain(count: int, workers: int, batch_size: int | None) -> float:
-    """Enqueue ``count`` no-op jobs, then time ``workers`` processes draining them."""
-    enqueue_many({"task": noop} for _ in range(count))
+def bench_drain(count: int, workers: int, batch_size: int | None, job_ms: float = 0) -> float:
+    """Enqueue ``count`` jobs (no-op, or sleeping ``job_ms``), then time ``workers``
+    processes draining them."""
+    if job_ms:
+        enqueue_many({"task": sleep_ms, "args": [job_ms]} for _ in range(count))
+    else:
+        enqueue_many({"task": noop} for _ in range(count))
     options: dict[str, Any] = {"burst": True, "batch_size": batch_size}
     started = time.perf_counter()
     stats = Supervisor(workers, options).run()

@@ -28,6 +28,7 @@ from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import JobCancelled, RetryJob, UnregisteredTask, WorkerShutdown
 from django_dbqueue.models import Job
 from django_dbqueue.models import WorkerProcess as WorkerRow
+from django_dbqueue.queue.claim import Claimed
 from django_dbqueue.scheduling.pausing import PauseWatcher
 from django_dbqueue.worker import rows, wakeup
 from django_dbqueue.worker.connections import (
@@ -92,6 +93,9 @@ class Worker:
         self._job_timeout = settings.JOB_TIMEOUT
         self._flush_interval = float(settings.FINISH_FLUSH_INTERVAL)
         self._flush_size = int(settings.FINISH_BATCH_SIZE)
+        self._claim_ahead = float(settings.CLAIM_AHEAD)
+        # Seconds per job, averaged over recent batches; None until a batch has run.
+        self._job_seconds: float | None = None
         self.stopping = threading.Event()
         self._running: Job | None = None
         self._unstarted: list[Job] = []
@@ -190,6 +194,8 @@ class Worker:
                 refresh_connections()
                 self.stopping.wait(backoff(failures))
                 continue
+            if not jobs and jobs.contended:
+                continue  # other workers took what we saw; there is more: ask again
             if not jobs:
                 self._flush(force=True)
                 if self.burst:
@@ -235,13 +241,28 @@ class Worker:
                 logger.debug("closing the wake-up listener failed", exc_info=True)
             self._listener = None
 
-    def _claim(self) -> list[Job]:
-        limit = self.batch_size
+    def claim_size(self) -> int:
+        """How many jobs to claim: about CLAIM_AHEAD seconds of them, at most the batch size.
+
+        A process claims only what it can start soon, so jobs it holds are not jobs an
+        idle process could run. Before any job has run, the cost is unknown: one job.
+        ``CLAIM_AHEAD = 0`` turns this off: every claim asks for the whole batch.
+        """
+        if self._claim_ahead <= 0:
+            return self.batch_size
+        if self._job_seconds is None:
+            return 1
+        if self._job_seconds <= 0:
+            return self.batch_size
+        return max(1, min(self.batch_size, int(self._claim_ahead / self._job_seconds)))
+
+    def _claim(self) -> Claimed:
+        limit = self.claim_size()
         if self.max_jobs is not None:
             limit = max(1, min(limit, self.max_jobs - self.stats.processed))
         queues = self._pauses.active()
         if not queues:
-            return []
+            return Claimed()
         jobs = Job.objects.claim(self.name, limit, queues)
         ids = [job.id for job in jobs]
         self.slot.hold(ids)
@@ -250,6 +271,17 @@ class Worker:
 
     def _run_batch(self, jobs: list[Job]) -> None:
         self._unstarted = list(jobs)
+        started = time.monotonic()
+        try:
+            self._run_jobs()
+        finally:
+            ran = len(jobs) - len(self._unstarted)
+            if ran:
+                per_job = (time.monotonic() - started) / ran
+                previous = self._job_seconds
+                self._job_seconds = per_job if previous is None else (previous + per_job) / 2
+
+    def _run_jobs(self) -> None:
         while self._unstarted and not self.stopping.is_set():
             job = self._unstarted.pop(0)
             # The keeper lists held jobs an operator cancelled; the database has the last

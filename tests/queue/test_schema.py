@@ -110,5 +110,6 @@ def test_run_jobs_on_an_unreachable_database_retries_as_before(
     assert lines[0] == (
         "Running jobs from default, emails, reports with 1 process(es), burst. Ctrl-C to stop.\n"
     )
-    assert "database error while recording" in lines[1], lines
+    assert "Supervisor starting: database error" in lines[1], lines
+    assert "retrying in" in lines[1], lines
     assert "_absent" in lines[1]

@@ -7,6 +7,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
 
 from django_dbqueue import enqueue
 from django_dbqueue.models import Job
@@ -62,3 +63,36 @@ def test_bench_refuses_to_delete_existing_jobs() -> None:
     with pytest.raises(CommandError, match="deletes them all"):
         call_command("dbqueue_bench", "--only", "drain", "--jobs", "10")
     assert Job.objects.count() == 1
+
+
+def test_bench_drains_jobs_of_a_given_duration_and_names_the_machine() -> None:
+    out = StringIO()
+    call_command(
+        "dbqueue_bench",
+        "--only",
+        "drain",
+        "--jobs",
+        "100",
+        "--job-ms",
+        "20",
+        "--workers",
+        "2",
+        "--json",
+        stdout=out,
+    )
+    report = json.loads(out.getvalue())
+    assert report["job_ms"] == 20
+    # 100 jobs of 20 ms on 2 processes: 100 jobs/s at best; slower than no-op jobs.
+    assert report["drain_per_s"] <= 100 * 1.05
+    assert report["drain_of_ideal_pct"] == pytest.approx(report["drain_per_s"])
+    machine = report["machine"]
+    assert machine["cores"] >= 1
+    assert machine["python"].count(".") == 2
+    assert machine["django"].startswith(("5.", "6."))
+    assert machine["database"] == connection.vendor
+    assert machine["database_version"][0].isdigit()
+
+
+def test_bench_refuses_a_negative_job_time() -> None:
+    with pytest.raises(CommandError, match="negative"):
+        call_command("dbqueue_bench", "--only", "drain", "--jobs", "10", "--job-ms", "-1")

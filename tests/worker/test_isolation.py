@@ -27,7 +27,14 @@ from tests.worker import hostile
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 EnvMaker = Callable[..., dict[str, str]]
 # A lease long enough that only the supervisor's own settling can free a job in time.
-LONG_LEASE = {"LEASE_TIMEOUT": 600, "HEARTBEAT_INTERVAL": 0.3, "POLL_INTERVAL": 0.2}
+# CLAIM_AHEAD 0: each claim takes the whole batch, so a hostile job has batch-mates
+# (finished, unstarted) whatever the worker has measured of job times.
+LONG_LEASE = {
+    "LEASE_TIMEOUT": 600,
+    "HEARTBEAT_INTERVAL": 0.3,
+    "POLL_INTERVAL": 0.2,
+    "CLAIM_AHEAD": 0,
+}
 
 
 def pid_gone(pid: int) -> bool:
@@ -222,7 +229,7 @@ def test_sigkill_of_a_child_mid_batch_frees_its_batch_at_once(
 def test_sigkill_of_the_supervisor_takes_its_children_and_lease_recovery_takes_over(
     processes: Processes, worker_env: EnvMaker
 ) -> None:
-    env = worker_env(LEASE_TIMEOUT=2, HEARTBEAT_INTERVAL=0.3, POLL_INTERVAL=0.2)
+    env = worker_env(LEASE_TIMEOUT=2, HEARTBEAT_INTERVAL=0.3, POLL_INTERVAL=0.2, CLAIM_AHEAD=0)
     running = enqueue(jobs.record, ["long"], {"sleep": 30.0})
     waiting = enqueue_many({"task": jobs.record, "args": [f"w{i}"]} for i in range(3))
     victim = processes.run_jobs("--concurrency", "2", "--batch-size", "10", env=env)

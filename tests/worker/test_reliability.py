@@ -79,7 +79,8 @@ def test_sigterm_hands_back_unstarted_jobs_at_once(
     processes: Processes, worker_env: EnvMaker
 ) -> None:
     # A long lease: the other worker may only get the jobs because they were handed back.
-    env = worker_env(LEASE_TIMEOUT=600, HEARTBEAT_INTERVAL=1)
+    # CLAIM_AHEAD 0: the first claim takes all six, not the one job a new worker would.
+    env = worker_env(LEASE_TIMEOUT=600, HEARTBEAT_INTERVAL=1, CLAIM_AHEAD=0)
     batch = enqueue_many(
         {"task": jobs.record, "args": [f"t{i}"], "kwargs": {"sleep": 1.0}} for i in range(6)
     )

@@ -38,6 +38,12 @@ class Command(BaseCommand):
             help="Claim batch size (default DBQUEUE['BATCH_SIZE']).",
         )
         parser.add_argument(
+            "--job-ms",
+            type=float,
+            default=0,
+            help="Drained jobs sleep this many milliseconds (default 0: no-op jobs).",
+        )
+        parser.add_argument(
             "--single",
             type=positive_int,
             default=2_000,
@@ -87,8 +93,13 @@ class Command(BaseCommand):
 
         from django.db import connections
 
-        vendor = connections[router.db_for_write(Job)].vendor
+        using = router.db_for_write(Job)
+        vendor = connections[using].vendor
+        if options["job_ms"] < 0:
+            raise CommandError("--job-ms cannot be negative.")
         results = bench.Results(vendor=vendor, workers=options["workers"])
+        results.notes["machine"] = bench.machine(using)
+        results.notes["job_ms"] = options["job_ms"]
         fig = results.figures
         from django_dbqueue.worker import wakeup
 
@@ -96,6 +107,11 @@ class Command(BaseCommand):
         say(
             f"dbqueue_bench on {vendor}, {options['workers']} worker process(es), "
             f"wake-up: {results.notes['wakeup']}"
+        )
+        m = results.notes["machine"]
+        say(
+            f"  {m['cores']} cores, Python {m['python']}, Django {m['django']}, "
+            f"{m['database']} {m['database_version']}"
         )
         bench.clear_jobs()
         if "enqueue" in parts:
@@ -107,9 +123,14 @@ class Command(BaseCommand):
             bench.clear_jobs()
         if "drain" in parts:
             fig["drain_per_s"] = bench.bench_drain(
-                options["jobs"], options["workers"], options["batch_size"]
+                options["jobs"], options["workers"], options["batch_size"], options["job_ms"]
             )
             say(f"  drain, empty table:    {fig['drain_per_s']:,.0f} jobs/s")
+            if options["job_ms"]:
+                # What the processes could do if the queue cost nothing.
+                ideal = options["workers"] * 1000 / options["job_ms"]
+                fig["drain_of_ideal_pct"] = 100 * fig["drain_per_s"] / ideal
+                say(f"  of {ideal:,.0f} jobs/s ideal:  {fig['drain_of_ideal_pct']:.0f}%")
             bench.clear_jobs()
         if "latency" in parts:
             lat = bench.bench_latency(options["samples"])
@@ -124,7 +145,7 @@ class Command(BaseCommand):
             results.notes["history_rows"] = options["history"]
             results.notes["history_fill_s"] = round(seconds, 1)
             fig["drain_with_history_per_s"] = bench.bench_drain(
-                options["jobs"], options["workers"], options["batch_size"]
+                options["jobs"], options["workers"], options["batch_size"], options["job_ms"]
             )
             say(
                 f"  drain, {options['history']:,} finished rows: "

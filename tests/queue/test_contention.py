@@ -1,0 +1,77 @@
+"""A claim that finds its candidates taken by another claimer is contention, not an empty
+queue: it reads again past them, and says so when everything it saw was taken."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from django.db import connection, transaction
+
+from django_dbqueue import enqueue_many
+from django_dbqueue.models import Job
+from tests.support import jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+locking = pytest.mark.only_vendor("mysql", "postgresql")
+
+
+@contextmanager
+def locked_by_another_claimer(ids: list[int]) -> Iterator[None]:
+    """Hold row locks on ``ids`` from another connection, as a claimer mid-claim does."""
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                list(Job.objects.select_for_update().filter(pk__in=ids))
+                locked.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert locked.wait(30)
+        yield
+    finally:
+        release.set()
+        thread.join(30)
+
+
+@locking
+def test_a_claim_whose_every_candidate_is_taken_three_times_reports_contention() -> None:
+    ids = [job.pk for job in enqueue_many({"task": jobs.noop} for _ in range(15))]
+    with locked_by_another_claimer(ids):
+        claimed = Job.objects.claim("late", batch_size=5)
+        assert claimed == []
+        assert claimed.contended
+    claimed = Job.objects.claim("late", batch_size=5)
+    assert [job.pk for job in claimed] == ids[:5]
+    assert not claimed.contended
+
+
+@locking
+def test_a_claim_reads_past_the_jobs_another_claimer_holds() -> None:
+    ids = [job.pk for job in enqueue_many({"task": jobs.noop} for _ in range(10))]
+    with locked_by_another_claimer(ids[:5]):
+        claimed = Job.objects.claim("late", batch_size=5)
+    assert [job.pk for job in claimed] == ids[5:]
+
+
+@locking
+def test_jobs_held_by_another_claimer_and_nothing_else_is_an_empty_queue_for_us() -> None:
+    ids = [job.pk for job in enqueue_many({"task": jobs.noop} for _ in range(3))]
+    with locked_by_another_claimer(ids):
+        claimed = Job.objects.claim("late", batch_size=10)
+    assert claimed == []
+    assert not claimed.contended
+
+
+def test_an_empty_queue_is_not_contention() -> None:
+    claimed = Job.objects.claim("a", batch_size=10)
+    assert claimed == []
+    assert not claimed.contended
