@@ -341,11 +341,17 @@ def test_a_job_that_may_show_as_running_is_recorded_before_the_next_starts(
     # because of this: with finished jobs written every 60 s, the slow one is still
     # written before its successor starts.
     slow, after = enqueue_many(
-        {"task": jobs.record, "args": [key], "kwargs": {"sleep": 1.0 if key == "s" else 5.0}}
+        {"task": jobs.record, "args": [key], "kwargs": {"sleep": 1.0 if key == "s" else 2.0}}
         for key in ("s", "t")
     )
     env = worker_env(**LONG_LEASE, FINISH_FLUSH_INTERVAL=60)
     proc = processes.run_jobs("--batch-size", "10", env=env)
     wait_until(lambda: WorkerRow.objects.filter(running_job_id=after.pk).exists(), timeout=30)
     assert Job.objects.get(pk=slow.pk).status == Job.Status.DONE
+    # Once it ends, the row names no job (within a supervisor tick or two).
+    wait_until(lambda: Job.objects.get(pk=after.pk).status == Job.Status.DONE, timeout=30)
+    ended = time.monotonic()
+    child = WorkerRow.objects.filter(role=WorkerRow.Role.CHILD)
+    wait_until(lambda: child.filter(running_job_id=None).exists(), timeout=5, interval=0.01)
+    assert time.monotonic() - ended < 1.0
     stop(proc)
