@@ -42,16 +42,36 @@ def cancel_requested_ids(model: type[Job], using: str, owner: str, ids: Sequence
     )
 
 
+def _unstarted(rows: list[tuple[int, str, int]], shown: dict[str, int | None]) -> set[int]:
+    """Ids that provably had not started, from (id, owner, claim rank) rows.
+
+    A worker runs its batch in claim order and records a job it may have been shown
+    running (``WorkerProcess.running_job_id``) before it starts the next one. So while
+    that job is still claimed, every job after it in the batch is waiting. Without such a
+    job nothing can be told: any of them may have run.
+    """
+    waiting: set[int] = set()
+    batches: dict[str, list[tuple[int, int]]] = {}
+    for job_id, owner, rank in rows:
+        batches.setdefault(owner, []).append((rank, job_id))
+    for owner, batch in batches.items():
+        ordered = [job_id for _, job_id in sorted(batch)]
+        current = shown.get(owner)
+        if current in ordered:
+            waiting.update(ordered[ordered.index(current) + 1 :])
+    return waiting
+
+
 def recover_expired(
     model: type[Job], using: str, lease_timeout: float | None = None
 ) -> tuple[int, int]:
     """Requeue (or fail, when attempts are spent) jobs whose owner stopped renewing.
 
     A live supervisor renews its children's leases and settles a dead child's jobs
-    itself, so what expires belongs to a host whose processes are all gone. The dead
-    worker's row (``WorkerProcess``) names the job it was running: that one is charged
-    the attempt the claim counted; the others had not started, and get it back. Without
-    a row to tell, the attempt stays counted. Returns (requeued, failed).
+    itself, so what expires belongs to a host whose processes are all gone (or cut off
+    from the database for longer than the lease). Jobs that provably had not started
+    get back the attempt their claim counted (see :func:`_unstarted`); the others keep
+    it. Returns (requeued, failed).
     """
     from django_dbqueue.models import WorkerProcess
 
@@ -64,18 +84,21 @@ def recover_expired(
     with write_transaction(using):
         rows = list(
             expired.select_for_update(skip_locked=True).values_list(
-                "id", "owner", "attempts", "max_attempts"
+                "id", "owner", "attempts", "max_attempts", "priority", "run_after"
             )[:1000]
         )
-        running = dict(
+        shown = dict(
             WorkerProcess.objects.using(using)
             .filter(name__in={row[1] for row in rows})
             .values_list("name", "running_job_id")
         )
-        for job_id, owner, attempts, max_attempts in rows:
+        # Claim order: priority DESC, run_after, id (queue/claim.py's CLAIM_ORDER).
+        ranked = sorted(rows, key=lambda row: (-row[4], row[5], row[0]))
+        waiting = _unstarted([(row[0], row[1], rank) for rank, row in enumerate(ranked)], shown)
+        for job_id, owner, attempts, max_attempts, _, _ in rows:
             guard = qs.filter(id=job_id, status=CLAIMED, owner=owner, owner_date__lt=cutoff)
             lost = f"Recovered at {now.isoformat()}: worker {owner} stopped renewing its lease"
-            if owner in running and running[owner] != job_id:
+            if job_id in waiting:
                 requeued += guard.update(
                     status=QUEUED,
                     owner_date=None,
@@ -84,7 +107,7 @@ def recover_expired(
                     last_error=f"{lost} before it started this job (attempt not counted).",
                 )
                 continue
-            doing = " while running this job" if owner in running else ""
+            doing = " while running this job" if shown.get(owner) == job_id else ""
             message = f"{lost}{doing} (attempt {attempts} of {max_attempts} counted)."
             if attempts >= max_attempts:
                 failed += guard.update(

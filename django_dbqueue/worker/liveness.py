@@ -99,28 +99,26 @@ class Keeper:
         rows.prune()
 
     def show_slow_jobs(self, members: Sequence[Member]) -> None:
-        """Write a member's running job to its row once it has run for SHOW_AFTER s."""
+        """Keep each member's row naming the job it runs once that has run SHOW_AFTER s,
+        and nothing once it has ended: a write when a slow job starts and one when it
+        ends; fast jobs cost none."""
         now = time.monotonic()
         for member in members:
             running = member.slot.running()
-            if (
-                running is not None
-                and running.phase == RUNNING
-                and now - running.started >= SHOW_AFTER
-                and self._shown.get(member.name) != running.job_id
-            ):
+            if running is not None and now - running.started < SHOW_AFTER:
+                running = None
+            job_id = running.job_id if running is not None else None
+            if self._shown.get(member.name) == job_id:
+                continue
+            if running is None:
+                rows.show_running(member.name, None, None)
+            else:
                 rows.show_running(member.name, running.job_id, wall_time(running.started_wall))
-                self._shown[member.name] = running.job_id
+            self._shown[member.name] = job_id
 
     def _row_of(self, member: Member) -> rows.Beat:
         done, failed, _ = member.slot.totals()
-        entry = rows.Beat(member.name, done, failed)
-        running = member.slot.running()
-        if running is not None and time.monotonic() - running.started >= SHOW_AFTER:
-            entry.running_job_id = running.job_id
-            entry.running_since = wall_time(running.started_wall)
-        self._shown[member.name] = entry.running_job_id
-        return entry
+        return rows.Beat(member.name, done, failed)
 
     def _relay_cancellations(self, member: Member, held: list[int]) -> None:
         cancelled = Job.objects.cancel_requested_ids(member.name, held) if held else set()
@@ -152,6 +150,7 @@ class HeartbeatThread(threading.Thread):
             while not self.stop.wait(interval):
                 try:
                     self.keeper.beat([self.member])
+                    self.keeper.show_slow_jobs([self.member])
                 except TRANSIENT_ERRORS as exc:
                     self.on_error(exc)
                     refresh_connections()

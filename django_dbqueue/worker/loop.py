@@ -38,7 +38,7 @@ from django_dbqueue.worker.connections import (
     retry_transient,
 )
 from django_dbqueue.worker.execution import call_job, time_limit
-from django_dbqueue.worker.liveness import HeartbeatThread, recover
+from django_dbqueue.worker.liveness import SHOW_AFTER, HeartbeatThread, recover
 from django_dbqueue.worker.slots import Slot, SlotTable
 
 logger = logging.getLogger("django_dbqueue.worker")
@@ -307,7 +307,7 @@ class Worker:
         signals.job_started.send(Job, job=job, worker=self.name)
         error: BaseException | None = None
         timeout = job.timeout or self._job_timeout
-        self.slot.start(job.id, float(timeout) if timeout else None)
+        began = self.slot.start(job.id, float(timeout) if timeout else None)
         self._running = job
         try:
             with time_limit(float(timeout) if timeout else None):
@@ -321,7 +321,9 @@ class Worker:
             self.slot.returned()
         if error is None:
             job.result = result
-            self._done(job)
+            # A job that may have been shown as running in our row is recorded before the
+            # next one starts: lease recovery relies on it (queue/leases.py, _unstarted).
+            self._done(job, now=time.monotonic() - began >= SHOW_AFTER)
         elif isinstance(error, RetryJob):
             self._retry_later(job, error)
         elif isinstance(error, JobCancelled):
@@ -336,7 +338,7 @@ class Worker:
                 self.stopping.set()
         self.slot.end()
 
-    def _done(self, job: Job) -> None:
+    def _done(self, job: Job, now: bool = False) -> None:
         """Queue a finished job for the batched write, noting it in the slot first.
 
         The slot's log lets the supervisor record the job if this process dies before the
@@ -350,7 +352,7 @@ class Worker:
         self._pending_done.append(job)
         if len(self._pending_done) == 1:
             self._pending_since = time.monotonic()
-        self._flush(force=not logged)
+        self._flush(force=now or not logged)
 
     def _extra(self, event: str, job: Job | None = None) -> dict[str, Any]:
         """Structured fields for a log record (``logging``'s ``extra``)."""

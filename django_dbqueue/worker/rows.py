@@ -9,9 +9,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db.models import Exists
 from django.utils import timezone
 
-from django_dbqueue.models import WorkerProcess
+from django_dbqueue.models import Job, WorkerProcess
+from django_dbqueue.status import CLAIMED
 
 # Rows of processes silent for this long are deleted (the admin shows them as dead until
 # then). Much longer than any lease: lease recovery reads the rows of dead workers.
@@ -34,8 +36,6 @@ class Beat:
     name: str
     done: int
     failed: int
-    running_job_id: int | None = None
-    running_since: datetime | None = None
     stopping: bool = False
 
 
@@ -59,8 +59,6 @@ def beat(beats: list[Beat]) -> None:
             "heartbeat_at": now,
             "jobs_done": entry.done,
             "jobs_failed": entry.failed,
-            "running_job_id": entry.running_job_id,
-            "running_since": entry.running_since,
         }
         if entry.stopping:
             fields["stopping"] = True
@@ -68,7 +66,13 @@ def beat(beats: list[Beat]) -> None:
 
 
 def show_running(name: str, job_id: int | None, since: datetime | None) -> None:
-    WorkerProcess.objects.filter(name=name).update(running_job_id=job_id, running_since=since)
+    """Name the job a process runs (or none). Lease recovery trusts a named job that is
+    still claimed to be the one running, so a job is named only while it is claimed: a
+    late write must not name a job that has already been recorded."""
+    row = WorkerProcess.objects.filter(name=name)
+    if job_id is not None:
+        row = row.filter(Exists(Job.objects.filter(pk=job_id, status=CLAIMED, owner=name)))
+    row.update(running_job_id=job_id, running_since=since)
 
 
 def remove(*names: str) -> None:

@@ -91,7 +91,8 @@ class Slot:
     def release(self, index: int) -> None:
         self._ids[index] = 0
 
-    def start(self, job_id: int, timeout: float | None) -> None:
+    def start(self, job_id: int, timeout: float | None) -> float:
+        """A job starts now; returns the time.monotonic() it started at."""
         h = self._h
         h.seq += 1
         h.job_id = job_id
@@ -100,6 +101,7 @@ class Slot:
         h.started_wall = time.time()
         h.deadline = now + timeout if timeout else 0.0
         h.seq += 1
+        return now
 
     def returned(self) -> None:
         """The job's code is over; its outcome is being recorded (no deadline applies)."""

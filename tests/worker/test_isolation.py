@@ -339,3 +339,26 @@ def test_max_jobs_is_shared_by_the_children_and_survives_a_crash(
     assert Job.objects.filter(status=Job.Status.DONE).count() == 5
     assert "Finished: 5 done, 1 failed, 0 retried" in out
     assert not Job.objects.filter(status=Job.Status.CLAIMED).exists()
+
+
+def test_a_job_that_may_show_as_running_is_recorded_before_the_next_starts(
+    processes: Processes, worker_env: EnvMaker
+) -> None:
+    # Lease recovery may uncharge the jobs after the one a dead worker's row names only
+    # because of this: with finished jobs written every 60 s, the slow one is still
+    # written before its successor starts.
+    slow, after = enqueue_many(
+        {"task": jobs.record, "args": [key], "kwargs": {"sleep": 1.0 if key == "s" else 2.0}}
+        for key in ("s", "t")
+    )
+    env = worker_env(**LONG_LEASE, FINISH_FLUSH_INTERVAL=60)
+    proc = processes.run_jobs("--batch-size", "10", env=env)
+    wait_until(lambda: WorkerRow.objects.filter(running_job_id=after.pk).exists(), timeout=30)
+    assert Job.objects.get(pk=slow.pk).status == Job.Status.DONE
+    # Once it ends, the row names no job (within a supervisor tick or two).
+    wait_until(lambda: Job.objects.get(pk=after.pk).status == Job.Status.DONE, timeout=30)
+    ended = time.monotonic()
+    child = WorkerRow.objects.filter(role=WorkerRow.Role.CHILD)
+    wait_until(lambda: child.filter(running_job_id=None).exists(), timeout=5, interval=0.01)
+    assert time.monotonic() - ended < 1.0
+    stop(proc)

@@ -1,4 +1,4 @@
-"""Lease recovery (a whole host gone): only the job a dead worker was running is charged."""
+"""Lease recovery (a whole host gone): jobs that provably had not started are not charged."""
 
 from __future__ import annotations
 
@@ -24,16 +24,20 @@ def claim_and_expire(owner: str, count: int) -> list[Job]:
     return claimed
 
 
-def test_only_the_job_the_dead_workers_row_names_is_charged() -> None:
+def test_jobs_after_the_one_the_row_names_get_their_attempt_back() -> None:
     owner = "gone:101:aaaaaa"
-    running, *waiting = claim_and_expire(owner, 3)
+    done_unrecorded, running, *waiting = claim_and_expire(owner, 4)
     WorkerRow.objects.create(
         name=owner, host="gone", pid=101, role=WorkerRow.Role.CHILD, running_job_id=running.pk
     )
-    assert Job.objects.recover_expired(lease_timeout=60) == (3, 0)
+    assert Job.objects.recover_expired(lease_timeout=60) == (4, 0)
     running.refresh_from_db()
     assert (running.status, running.attempts) == (Job.Status.QUEUED, 1)
     assert "while running this job (attempt 1 of 3 counted)" in running.last_error
+    # It ran before the running one (its DONE write may have been pending): counted.
+    done_unrecorded.refresh_from_db()
+    assert (done_unrecorded.status, done_unrecorded.attempts) == (Job.Status.QUEUED, 1)
+    assert "stopped renewing its lease (attempt 1 of 3 counted)" in done_unrecorded.last_error
     for job in waiting:
         job.refresh_from_db()
         assert (job.status, job.attempts) == (Job.Status.QUEUED, 0)
@@ -41,16 +45,30 @@ def test_only_the_job_the_dead_workers_row_names_is_charged() -> None:
         assert "before it started this job (attempt not counted)" in job.last_error
 
 
-def test_a_worker_row_showing_no_job_charges_none() -> None:
+def test_claim_order_decides_what_came_after_the_running_job() -> None:
     owner = "gone:102:bbbbbb"
-    claimed = claim_and_expire(owner, 2)
-    WorkerRow.objects.create(name=owner, host="gone", pid=102, role=WorkerRow.Role.CHILD)
+    enqueue_many({"task": jobs.noop, "priority": p} for p in (0, 5, 0))
+    low_first, high, low_last = Job.objects.order_by("id")
+    claimed = Job.objects.claim(owner, 3)
+    assert [job.pk for job in claimed] == [high.pk, low_first.pk, low_last.pk]
+    Job.objects.update(owner_date=timezone.now() - timedelta(minutes=5))
+    WorkerRow.objects.create(name=owner, host="gone", pid=102, running_job_id=low_first.pk)
     Job.objects.recover_expired(lease_timeout=60)
-    assert [Job.objects.get(pk=job.pk).attempts for job in claimed] == [0, 0]
+    attempts = dict(Job.objects.values_list("pk", "attempts"))
+    assert attempts == {high.pk: 1, low_first.pk: 1, low_last.pk: 0}
+
+
+@pytest.mark.parametrize("shown", [None, 10**9], ids=["no job", "a job no longer claimed"])
+def test_a_row_naming_no_claimed_job_tells_nothing_so_all_are_charged(shown: int | None) -> None:
+    owner = "gone:103:cccccc"
+    claimed = claim_and_expire(owner, 2)
+    WorkerRow.objects.create(name=owner, host="gone", pid=103, running_job_id=shown)
+    Job.objects.recover_expired(lease_timeout=60)
+    assert [Job.objects.get(pk=job.pk).attempts for job in claimed] == [1, 1]
 
 
 def test_without_a_row_to_tell_the_attempt_stays_counted() -> None:
-    claimed = claim_and_expire("unknown:103:cccccc", 2)
+    claimed = claim_and_expire("unknown:104:dddddd", 2)
     Job.objects.filter(pk=claimed[0].pk).update(max_attempts=1)
     assert Job.objects.recover_expired(lease_timeout=60) == (1, 1)
     first, second = (Job.objects.get(pk=job.pk) for job in claimed)
@@ -59,14 +77,14 @@ def test_without_a_row_to_tell_the_attempt_stays_counted() -> None:
     assert "stopped renewing its lease (attempt 1 of 3 counted)" in second.last_error
 
 
-def test_a_job_that_was_not_running_is_never_failed_by_recovery() -> None:
-    owner = "gone:104:dddddd"
-    (job,) = claim_and_expire(owner, 1)
-    Job.objects.filter(pk=job.pk).update(max_attempts=1)
-    WorkerRow.objects.create(name=owner, host="gone", pid=104, running_job_id=job.pk + 1000)
+def test_a_job_that_had_not_started_is_never_failed_by_recovery() -> None:
+    owner = "gone:105:eeeeee"
+    running, waiting = claim_and_expire(owner, 2)
+    Job.objects.filter(pk=waiting.pk).update(max_attempts=1)
+    WorkerRow.objects.create(name=owner, host="gone", pid=105, running_job_id=running.pk)
     Job.objects.recover_expired(lease_timeout=60)
-    job.refresh_from_db()
-    assert (job.status, job.attempts) == (Job.Status.QUEUED, 0)
+    waiting.refresh_from_db()
+    assert (waiting.status, waiting.attempts) == (Job.Status.QUEUED, 0)
 
 
 def test_live_leases_are_left_alone() -> None:
