@@ -71,8 +71,12 @@ def install(session: nox.Session, django: str) -> None:
     # The django-tasks backport is Django 5.2's @task; Django 6 has django.tasks.
     extras = "mysql,postgres,redis,test" + (",tasks" if django == "5.2" else "")
     session.install("-e", f".[{extras}]", DJANGO[django])
-    session.run("python", "-c", "import django, sys; print('Django', django.__version__, "
-                "'on Python', sys.version.split()[0])")
+    session.run(
+        "python",
+        "-c",
+        "import django, sys; print('Django', django.__version__, "
+        "'on Python', sys.version.split()[0])",
+    )
 
 
 def pytest(session: nox.Session, db: str, *args: str) -> None:
@@ -90,8 +94,15 @@ def pytest(session: nox.Session, db: str, *args: str) -> None:
     results.mkdir(exist_ok=True)
     junit = results / f"{session.name}-{db}.xml".translate(str.maketrans("()", "--"))
     session.run(
-        "coverage", "run", "-m", "pytest", "-p", "no:cacheprovider",
-        f"--junitxml={junit}", *args, *session.posargs,
+        "coverage",
+        "run",
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={junit}",
+        *args,
+        *session.posargs,
         env=env,
     )
 
