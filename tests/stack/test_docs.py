@@ -23,8 +23,8 @@ import tomllib
 import pytest
 from django.core.management import get_commands, load_command_class
 
-from tests.conftest import ROOT
-from tests.stack.markdown import DOCS, SHELL, Block, all_blocks, inline_commands, shell_commands
+from tests.support import ROOT
+from tests.support.markdown import DOCS, SHELL, Block, all_blocks, inline_commands, shell_commands
 
 pytestmark = pytest.mark.only_vendor("sqlite")  # the docs are the same on every database
 
@@ -81,7 +81,7 @@ def check_pip_install(args: list[str]) -> None:
         assert match, f"pip install {target}: not the clone (.) or its built wheel"
         if match[2]:
             assert match[2] == VERSION, f"{target}: the version is {VERSION}"
-        extras = set(filter(None, (match[3] or "").split(",")))
+        extras = set(filter(None, (match[4] or "").split(",")))
         assert extras <= EXTRAS, f"{target}: no extra {sorted(extras - EXTRAS)}"
 
 

@@ -27,8 +27,8 @@ from pathlib import Path
 import django
 import pytest
 
-from tests.conftest import ROOT
-from tests.stack.markdown import Block, blocks
+from tests.support import ROOT
+from tests.support.markdown import Block, blocks
 
 pytestmark = [pytest.mark.fresh, pytest.mark.only_vendor("sqlite")]
 
@@ -167,7 +167,7 @@ def file_blocks(section: str) -> list[Block]:
 
 
 def shell_lines(section: str) -> list[str]:
-    from tests.stack.markdown import shell_commands
+    from tests.support.markdown import shell_commands
 
     return [
         command

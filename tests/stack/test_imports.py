@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 pytestmark = pytest.mark.smoke
 

@@ -19,8 +19,7 @@ from django.urls import reverse
 
 from django_dbqueue import enqueue
 from django_dbqueue.models import Job
-from tests import jobs
-from tests.conftest import Processes
+from tests.support import Processes, jobs
 
 pytestmark = pytest.mark.smoke
 
@@ -44,7 +43,7 @@ def test_migrations_unapply_and_apply_again() -> None:
     assert table in connection.introspection.table_names()
     executor = MigrationExecutor(connection)
     assert executor.migration_plan(executor.loader.graph.leaf_nodes()) == []
-    Job.objects.create(task="tests.jobs.add")
+    Job.objects.create(task="tests.support.jobs.add")
 
 
 @pytest.mark.processes
@@ -71,12 +70,12 @@ def test_job_enqueued_in_a_transaction_is_run_by_a_burst_worker(
 def test_admin_job_list_and_dashboard(admin_client: Client) -> None:
     enqueue(jobs.add, args=[1, 1])
     failed = Job.objects.create(
-        task="tests.jobs.fail", status=Job.Status.FAILED, last_error="ValueError: smoke"
+        task="tests.support.jobs.fail", status=Job.Status.FAILED, last_error="ValueError: smoke"
     )
 
     page = admin_client.get(reverse("admin:django_dbqueue_job_changelist"))
     assert page.status_code == 200
-    assert b"tests.jobs.add" in page.content and b"tests.jobs.fail" in page.content
+    assert b"tests.support.jobs.add" in page.content and b"tests.support.jobs.fail" in page.content
 
     dashboard = admin_client.get(reverse("admin:django_dbqueue_job_dashboard"))
     assert dashboard.status_code == 200
@@ -90,8 +89,8 @@ def test_admin_job_list_and_dashboard(admin_client: Client) -> None:
 def test_task_enqueued_through_tasks_runs_and_is_read_back(
     processes: Processes, worker_env: Callable[..., dict[str, str]]
 ) -> None:
-    from django_dbqueue.framework import TaskResultStatus, task_backends
-    from tests import task_functions
+    from django_dbqueue.tasks.compat import TaskResultStatus, task_backends
+    from tests.support import task_functions
 
     assert type(task_backends["default"]).__name__ == "DBQueueBackend"
     result = task_functions.add.enqueue(20, 22)
