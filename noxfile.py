@@ -89,6 +89,7 @@ def pytest(session: nox.Session, db: str, *args: str) -> None:
         # share a test database.
         "DBQUEUE_TEST_DB_NAME": os.environ.get("DBQUEUE_TEST_DB_NAME")
         or f"test_dbqueue_{session.python}_{db}".replace(".", "_"),
+        **extra_env,
     }
     results = ROOT / "test-results"
     results.mkdir(exist_ok=True)
@@ -126,6 +127,14 @@ def full(session: nox.Session, django: str) -> None:
             pytest(session, db)
         except nox.command.CommandFailed:
             failed.append(db)
+        # The queue's tables in a second database, behind a router (docs/databases.md):
+        # only the second_database tests run, and only this way.
+        try:
+            pytest(
+                session, db, "tests/test_second_database.py", run="queue-db", DBQUEUE_QUEUE_DB="1"
+            )
+        except nox.command.CommandFailed:
+            failed.append(f"{db} (queue in a second database)")
     if failed:
         session.error(f"the suite failed on {', '.join(failed)}")
 

@@ -24,6 +24,7 @@ from tests.support import Processes, jobs
 pytestmark = pytest.mark.smoke
 
 
+@pytest.mark.django_db
 def test_system_checks_pass() -> None:
     call_command("check", fail_level="WARNING", verbosity=0)
 
