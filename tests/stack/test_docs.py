@@ -97,6 +97,31 @@ def check_pytest(args: list[str]) -> None:
     assert re.search(r"^\d+ tests? collected", proc.stdout, re.M) or "::" in proc.stdout
 
 
+def nox_sessions() -> set[str]:
+    """The session names noxfile.py defines (read, not imported: nox is not installed in
+    the test environments)."""
+    tree = ast.parse((ROOT / "noxfile.py").read_text())
+    cells: list[tuple[str, str]] = []
+    kinds: list[str] = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "CELLS" for t in node.targets
+        ):
+            cells = ast.literal_eval(node.value)
+        elif isinstance(node, ast.FunctionDef) and any(
+            ast.unparse(d) == "nox.session" for d in node.decorator_list
+        ):
+            kinds.append(node.name)
+    return {f"{kind}({py}-django{dj})" for kind in kinds for py, dj in cells}
+
+
+def check_nox(args: list[str]) -> None:
+    ours = args[: args.index("--")] if "--" in args else args
+    named = [ours[i + 1] for i, arg in enumerate(ours) if arg == "-s"]
+    assert named or ours == ["-l"], f"nox {' '.join(args)}: name a session"
+    assert set(named) <= nox_sessions(), f"no such session: {set(named) - nox_sessions()}"
+
+
 def check_command(words: list[str]) -> None:
     program, *args = words
     if program in PYTHONS and args[:1] == ["manage.py"]:
@@ -116,6 +141,8 @@ def check_command(words: list[str]) -> None:
         makefile = (ROOT / "Makefile").read_text()
         for target in args:
             assert re.search(rf"^{re.escape(target)}:", makefile, re.M), f"no make {target}"
+    elif program in {"nox", ".venv/bin/nox"}:
+        check_nox(args)
     elif program == "bash":
         assert (ROOT / args[0]).is_file(), f"no {args[0]}"
     elif program == "export":
@@ -148,6 +175,12 @@ def test_shell_command(where: str, command: str) -> None:
 
 def python_blocks() -> list[Block]:
     return [block for block in all_blocks() if block.lang == "python"]
+
+
+def test_nox_sessions_are_read_from_the_noxfile() -> None:
+    sessions = nox_sessions()
+    assert {"full(3.11-django5.2)", "smoke(3.12-django6.0)", "fresh(3.13-django6.1)"} <= sessions
+    assert "full(3.11-django6.0)" not in sessions  # Django 6 needs Python 3.12
 
 
 def test_there_are_blocks_to_check() -> None:
