@@ -129,8 +129,9 @@ fi
 
 say "Coverage of django_dbqueue/ (every run and the worker processes they started)"
 if "$VENV/bin/coverage" combine -q --data-file=.coverage-data/.coverage .coverage-data/ 2>/dev/null; then
-    "$VENV/bin/coverage" report --data-file=.coverage-data/.coverage | tail -1
-    "$VENV/bin/coverage" xml -q --data-file=.coverage-data/.coverage -o test-results/coverage.xml
+    "$VENV/bin/coverage" report --data-file=.coverage-data/.coverage >test-results/coverage.txt
+    grep -E "^(Name|TOTAL)" test-results/coverage.txt
+    echo "(per module: test-results/coverage.txt; branches count; .venv/bin/coverage html --data-file=.coverage-data/.coverage for a browsable report)"
 else
     loud "no coverage data was written"
     status=1
@@ -144,8 +145,6 @@ import xml.etree.ElementTree as ET
 totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
 print()
 for path in sorted(glob.glob("test-results/*.xml")):
-    if os.path.basename(path) == "coverage.xml":
-        continue
     run = dict.fromkeys(totals, 0)
     for suite in ET.parse(path).getroot().iter("testsuite"):
         for key in totals:

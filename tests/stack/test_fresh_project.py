@@ -13,6 +13,8 @@ and django-redis (Redis named locks). SQLite only: the point is the package.
 
 from __future__ import annotations
 
+import ast
+import email
 import itertools
 import os
 import re
@@ -26,6 +28,8 @@ from pathlib import Path
 
 import django
 import pytest
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
 from tests.support import ROOT
 from tests.support.markdown import Block, blocks
@@ -106,6 +110,42 @@ def test_wheel_holds_every_file_of_the_app_and_nothing_else(dist: Dist) -> None:
     outside = {n for n in names if not n.startswith(("django_dbqueue/", "django_dbqueue-"))}
     assert outside == set()
     assert not any("/tests/" in n or "testproject" in n for n in names)
+
+
+def noxfile_cells() -> list[tuple[str, str]]:
+    tree = ast.parse((ROOT / "noxfile.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "CELLS":
+            return list(ast.literal_eval(node.value))
+    raise AssertionError("noxfile.py has no CELLS")
+
+
+def test_wheel_metadata_promises_what_the_matrix_tests(dist: Dist) -> None:
+    with zipfile.ZipFile(dist.wheel) as wheel:
+        (name,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = email.message_from_bytes(wheel.read(name))
+    cells = noxfile_cells()
+    pythons = sorted({py for py, _ in cells})
+    djangos = sorted({dj for _, dj in cells})
+    classifiers = metadata.get_all("Classifier") or []
+    assert sorted(c.rsplit(" :: ", 1)[1] for c in classifiers if "Django :: " in c) == djangos
+    assert (
+        sorted(c.rsplit(" :: ", 1)[1] for c in classifiers if re.search(r"Python :: 3\.\d+$", c))
+        == pythons
+    )
+
+    requires = [Requirement(r) for r in metadata.get_all("Requires-Dist") or []]
+    (django_req,) = [r for r in requires if r.name == "Django" and r.marker is None]
+    for version in djangos:
+        assert django_req.specifier.contains(f"{version}.0"), django_req
+        assert django_req.specifier.contains(f"{version}.99"), django_req
+    assert not django_req.specifier.contains("5.1.99") and not django_req.specifier.contains("6.2")
+    # The backport is an extra: markers cannot say "only on Django 5.2".
+    backport = [r for r in requires if r.name == "django-tasks"]
+    assert [str(r.marker) for r in backport] == ['extra == "tasks"']
+    python_req = SpecifierSet(metadata["Requires-Python"])
+    assert all(python_req.contains(f"{py}.0") for py in pythons)
+    assert not python_req.contains("3.10.99")
 
 
 @dataclass(frozen=True)
