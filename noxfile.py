@@ -10,7 +10,8 @@ One session per cell and kind of run, each in a uv virtualenv of its own:
     nox -s "fresh(3.12-django6.1)"            # only the new projects from the built wheel
 
 `make test` (scripts/test.sh) runs `full` on the two corners (oldest and newest; its
-SQLite run includes the fresh-project tests) and `smoke` on every other cell. Arguments
+SQLite run includes the fresh-project tests) and `smoke` (which adds tests/tasks) on
+every other cell. Arguments
 after `--` go to pytest. Coverage data goes to .coverage-data/ (one file per process;
 scripts/test.sh combines them).
 """
@@ -79,7 +80,7 @@ def install(session: nox.Session, django: str) -> None:
     )
 
 
-def pytest(session: nox.Session, db: str, *args: str) -> None:
+def pytest(session: nox.Session, db: str, *args: str, run: str = "") -> None:
     data = ROOT / ".coverage-data"
     data.mkdir(exist_ok=True)
     env = {
@@ -93,7 +94,8 @@ def pytest(session: nox.Session, db: str, *args: str) -> None:
     }
     results = ROOT / "test-results"
     results.mkdir(exist_ok=True)
-    junit = results / f"{session.name}-{db}.xml".translate(str.maketrans("()", "--"))
+    name = f"{session.name}-{db}{run and '-' + run}".translate(str.maketrans("()", "--"))
+    junit = results / f"{name}.xml"
     session.run(
         "coverage",
         "run",
@@ -142,9 +144,17 @@ def full(session: nox.Session, django: str) -> None:
 @nox.session
 @nox.parametrize("python,django", MATRIX)
 def smoke(session: nox.Session, django: str) -> None:
-    """The smoke suite on SQLite: checks, migrate, enqueue, run_jobs, admin, @task."""
+    """On SQLite: the smoke suite (checks, migrate, enqueue, run_jobs, admin, @task), then
+    the Django Tasks tests, the part of the app that differs most between Djangos."""
     install(session, django)
-    pytest(session, "sqlite", "-m", "smoke")
+    failed = []
+    for run, args in [("", ("-m", "smoke")), ("tasks", ("tests/tasks",))]:
+        try:
+            pytest(session, "sqlite", *args, run=run)
+        except nox.command.CommandFailed:
+            failed.append(" ".join(args))
+    if failed:
+        session.error(f"failed: {', '.join(failed)}")
 
 
 @nox.session

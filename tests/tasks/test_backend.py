@@ -199,7 +199,7 @@ def test_async_enqueue_and_async_task_function() -> None:
 
 
 def test_timeout_option_stops_the_task() -> None:
-    result = task_functions.too_slow.enqueue(30)  # @task_with(max_attempts=1, timeout=0.5)
+    result = task_functions.too_slow.enqueue(30)  # @task(max_attempts=1, timeout=0.5)
     job = Job.objects.get(pk=int(result.id))
     assert (job.max_attempts, job.timeout) == (1, 0.5)
     drain()
