@@ -316,7 +316,7 @@ def test_readme_tour_in_a_new_project(
             "assert client.login(username='admin', password='fresh-project-pw')\n"
             "jobs = client.get('/admin/django_dbqueue/job/')\n"
             "assert jobs.status_code == 200, jobs.status_code\n"
-            "assert b'myapp.tasks.send_welcome_mail' in jobs.content\n"
+            "assert b'myapp.jobs.send_welcome_mail' in jobs.content\n"
             "dashboard = client.get('/admin/django_dbqueue/job/dashboard/')\n"
             "assert dashboard.status_code == 200, dashboard.status_code\n"
             "assert dashboard.context['title'], dashboard.context\n"
