@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The README's test command (`make test`): installs the project into .venv, runs ruff,
-# mypy and makemigrations --check, then the test suite on SQLite, MariaDB/MySQL and
-# PostgreSQL (Redis is used by the lock tests). A server that cannot be reached is a
-# loud failure under CI=true, and a loud skip of that database's run otherwise.
+# mypy and makemigrations --check, `make demo` on the oldest and newest Python, then the
+# test matrix through nox (noxfile.py): the whole suite on SQLite, MariaDB/MySQL and
+# PostgreSQL on the two corners (Python 3.11 + Django 5.2, Python 3.13 + Django 6.1; the
+# SQLite run includes the fresh projects built from the wheel), the smoke suite on every
+# other Python x Django cell, and the coverage of django_dbqueue/ over all of it.
+# A server that cannot be reached is a loud failure under CI=true, and a loud skip of
+# that database's runs otherwise.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,35 +48,51 @@ if [[ ! -x "$PY" || ! -f "$stamp" || pyproject.toml -nt "$stamp" ]]; then
     say "Installing django-dbqueue with its test dependencies into $VENV"
     "$PYTHON" -m venv "$VENV" || exit 1
     "$PY" -m pip install -q --upgrade pip || exit 1
-    "$PY" -m pip install -q -e '.[mysql,postgres,redis,dev]' || exit 1
+    "$PY" -m pip install -q -e '.[mysql,postgres,redis,tasks,dev]' || exit 1
     touch "$stamp"
 fi
 
 status=0
 say "ruff"
-"$VENV/bin/ruff" check django_dbqueue testproject tests || status=1
+"$VENV/bin/ruff" check django_dbqueue testproject tests noxfile.py || status=1
 say "mypy (django-stubs)"
 "$VENV/bin/mypy" django_dbqueue || status=1
 say "makemigrations --check"
 DBQUEUE_DB=sqlite "$PY" manage.py makemigrations --check --dry-run || status=1
 if [[ $LINT_ONLY == 1 ]]; then exit $status; fi
 
+# The newest interpreter of a minor version: python3.X on PATH, else pyenv's.
+find_python() {
+    local found
+    found=$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$1".*/bin/python"$1" 2>/dev/null | sort -V | tail -1)
+    if [[ -n "$found" ]]; then echo "$found"; else command -v "python$1"; fi
+}
+
 # The README's first command, in a virtualenv of its own with no extras installed, as a
-# user on a fresh clone would run it.
-say "make demo (SQLite, base install only)"
-if demo_out=$(make demo VENV=.venv-demo 2>&1); then
-    if ! grep -q "Finished: 5000 done, 1 failed" <<<"$demo_out"; then
-        printf '%s\n' "$demo_out" | tail -20
-        loud "make demo ran but did not report 5000 done and 1 failed"
+# user on a fresh clone would run it: on Python 3.11 (Django 5.2, no django-tasks
+# backport) and on Python 3.13 (the newest Django).
+for minor in 3.11 3.13; do
+    python=$(find_python $minor)
+    say "make demo on Python $minor (SQLite, base install only)"
+    if [[ -z "$python" ]]; then
+        loud "Python $minor is not installed: make demo cannot run on it"
         status=1
-    else
-        grep "Finished:" <<<"$demo_out"
+        continue
     fi
-else
-    printf '%s\n' "$demo_out" | tail -20
-    loud "make demo failed"
-    status=1
-fi
+    if demo_out=$(make demo PYTHON="$python" VENV=".venv-demo-$minor" 2>&1); then
+        if ! grep -q "Finished: 5000 done, 1 failed" <<<"$demo_out"; then
+            printf '%s\n' "$demo_out" | tail -20
+            loud "make demo on Python $minor ran but did not report 5000 done and 1 failed"
+            status=1
+        else
+            grep "Finished:" <<<"$demo_out"
+        fi
+    else
+        printf '%s\n' "$demo_out" | tail -20
+        loud "make demo failed on Python $minor"
+        status=1
+    fi
+done
 
 server_up() {
     case "$1" in
@@ -88,39 +108,53 @@ if ! server_up redis; then
     if [[ "${CI:-}" == "true" ]]; then status=1; fi
 fi
 
+reachable=""
+for db in $DATABASES; do
+    if server_up "$db"; then
+        reachable="$reachable $db"
+    else
+        loud "The $db server is not reachable: its test runs are SKIPPED${CI:+ and, under CI, that is a failure}"
+        if [[ "${CI:-}" == "true" ]]; then status=1; fi
+    fi
+done
+
 mkdir -p test-results
 rm -f test-results/*.xml
-for db in $DATABASES; do
-    if ! server_up "$db"; then
-        loud "The $db server is not reachable: its test run is SKIPPED${CI:+ and, under CI, that is a failure}"
-        if [[ "${CI:-}" == "true" ]]; then status=1; fi
-        continue
-    fi
-    say "pytest on $db"
-    DBQUEUE_DB=$db "$PY" -m pytest -p no:cacheprovider --junitxml="test-results/$db.xml" "$@"
-    code=$?
-    # pytest exits 5 when it collected nothing: that is a failure here too.
-    if [[ $code != 0 ]]; then status=1; fi
-    # The queue's tables in a second database, behind a router (docs/databases.md).
-    say "pytest on $db, the queue in a second database"
-    DBQUEUE_QUEUE_DB=1 DBQUEUE_DB=$db "$PY" -m pytest -p no:cacheprovider \
-        --junitxml="test-results/$db-queue-db.xml" tests/test_second_database.py "$@"
-    code=$?
-    # Extra arguments (-k ...) may select none of these tests: only then is 5 fine.
-    if [[ $code != 0 && ! ( $code == 5 && $# -gt 0 ) ]]; then status=1; fi
-done
+rm -rf .coverage-data
+if [[ -n "${reachable// /}" ]]; then
+    say "The test matrix (nox): full suite on the corners on${reachable}, smoke suite on the other cells"
+    # nox runs every session even when one fails, and lists them all at the end.
+    DBQUEUE_TEST_DATABASES="$reachable" "$VENV/bin/nox" -- "$@" || status=1
+fi
+
+say "Coverage of django_dbqueue/ (every run and the worker processes they started)"
+if "$VENV/bin/coverage" combine -q --data-file=.coverage-data/.coverage .coverage-data/ 2>/dev/null; then
+    "$VENV/bin/coverage" report --data-file=.coverage-data/.coverage >test-results/coverage.txt
+    grep -E "^(Name|TOTAL)" test-results/coverage.txt
+    echo "(per module: test-results/coverage.txt; branches count; .venv/bin/coverage html --data-file=.coverage-data/.coverage for a browsable report)"
+else
+    loud "no coverage data was written"
+    status=1
+fi
 
 "$PY" - <<'PY'
 import glob
+import os
 import xml.etree.ElementTree as ET
 
 totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+print()
 for path in sorted(glob.glob("test-results/*.xml")):
+    run = dict.fromkeys(totals, 0)
     for suite in ET.parse(path).getroot().iter("testsuite"):
         for key in totals:
+            run[key] += int(suite.get(key, 0))
             totals[key] += int(suite.get(key, 0))
+    failed = run["failures"] + run["errors"]
+    name = os.path.basename(path).removesuffix(".xml")
+    print(f"{name:40} {run['tests'] - failed - run['skipped']:4} passed, {failed} failed")
 failed = totals["failures"] + totals["errors"]
 passed = totals["tests"] - failed - totals["skipped"]
-print(f"\nall databases: {passed} passed, {failed} failed, {totals['skipped']} skipped")
+print(f"\ntotal: {passed} passed, {failed} failed, {totals['skipped']} skipped")
 PY
 exit $status

@@ -155,7 +155,8 @@ if importlib.util.find_spec("django_tasks") or importlib.util.find_spec("django.
     DBQUEUE["TASK_MODULES"] += ["tests.support.task_functions", "tests.support.conformance_tasks"]
 
 # @task functions (Django Tasks) go through the same Job table and run_jobs workers.
-TASKS = {"default": {"BACKEND": "django_dbqueue.backends.DBQueueBackend"}}
+if HAS_DJANGO_TASKS or HAS_TASKS_BACKPORT:
+    TASKS = {"default": {"BACKEND": "django_dbqueue.backends.DBQueueBackend"}}
 
 LOGGING = {
     "version": 1,

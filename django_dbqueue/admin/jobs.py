@@ -257,8 +257,11 @@ class JobAdmin(SchedulingAdmin, _ModelAdmin):
         matches = Q(task__icontains=term) | Q(owner__icontains=term) | Q(last_error__icontains=term)
         return queryset.filter(matches), False
 
-    def get_actions(self, request: HttpRequest) -> dict[str, Any]:
-        actions = super().get_actions(request)
+    def get_actions(self, request: HttpRequest, action_location: Any = None) -> dict[str, Any]:
+        # Django 6.1 asks per location (the list or the change form) and deprecates
+        # overrides without the parameter; 5.2 and 6.0 have no such parameter.
+        where = {} if action_location is None else {"action_location": action_location}
+        actions = super().get_actions(request, **where)
         # Django's own bulk delete lists every object on its confirmation page, which a
         # million-row selection cannot survive; delete_jobs replaces it.
         actions.pop("delete_selected", None)

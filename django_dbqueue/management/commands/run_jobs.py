@@ -81,6 +81,15 @@ class Command(BaseCommand):
             help="Seconds between progress lines (default 2).",
         )
 
+    def check(self, *args: Any, **kwargs: Any) -> None:
+        # Django 6.1 runs the database-specific model checks before every command, and on
+        # MySQL they connect: a database that is down for now would stop the worker with
+        # a traceback instead of being retried like an outage later on.
+        try:
+            super().check(*args, **kwargs)
+        except (OperationalError, InterfaceError):
+            pass
+
     def handle(self, *args: Any, **options: Any) -> None:
         queues: list[str] = options["queues"] or list(settings.QUEUES)
         unknown = [q for q in queues if q not in settings.QUEUES]

@@ -1,0 +1,171 @@
+"""The test matrix: Python 3.11-3.13 x Django 5.2, 6.0, 6.1.
+
+One session per cell and kind of run, each in a uv virtualenv of its own:
+
+    nox -l                                    # every session
+    nox                                       # what `make test` runs (below)
+    nox -s "smoke(3.12-django6.0)"            # one cell's smoke suite (SQLite)
+    nox -s "full(3.13-django6.1)"             # the whole suite, once per database
+    DBQUEUE_TEST_DATABASES=sqlite nox -s "full(3.11-django5.2)" -- -k claim
+    nox -s "fresh(3.12-django6.1)"            # only the new projects from the built wheel
+
+`make test` (scripts/test.sh) runs `full` on the two corners (oldest and newest; its
+SQLite run includes the fresh-project tests) and `smoke` on every other cell (with
+tests/tasks on Django 6.0, which no corner covers). Arguments
+after `--` go to pytest. Coverage data goes to .coverage-data/ (one file per process;
+scripts/test.sh combines them).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+
+nox.options.default_venv_backend = "uv"
+# Interpreters come from the machine (pyenv here), never from a download: a missing one
+# is a loud error, not a fetch from the network.
+nox.options.download_python = "never"
+nox.options.error_on_missing_interpreters = True
+
+# Django 6 needs Python 3.12+.
+DJANGO = {"5.2": "Django>=5.2,<6.0", "6.0": "Django>=6.0,<6.1", "6.1": "Django>=6.1,<6.2"}
+CELLS = [
+    ("3.11", "5.2"),
+    ("3.12", "5.2"),
+    ("3.13", "5.2"),
+    ("3.12", "6.0"),
+    ("3.13", "6.0"),
+    ("3.12", "6.1"),
+    ("3.13", "6.1"),
+]
+CORNERS = [("3.11", "5.2"), ("3.13", "6.1")]
+MATRIX = [nox.param(py, dj, id=f"{py}-django{dj}") for py, dj in CELLS]
+nox.options.sessions = [
+    f"{kind}({py}-django{dj})"
+    for py, dj in CELLS
+    for kind in ["full" if (py, dj) in CORNERS else "smoke"]
+]
+DATABASES = ("sqlite", "mysql", "postgres")
+
+
+def _add_pyenv_interpreters() -> None:
+    """Put pyenv's python3.X on PATH: its shims fail unless PYENV_VERSION names them."""
+    root = os.environ.get("PYENV_ROOT") or os.path.expanduser("~/.pyenv")
+    found = []
+    for minor in ("3.11", "3.12", "3.13"):
+        versions = sorted(glob.glob(os.path.join(root, "versions", f"{minor}.*", "bin")))
+        if versions:
+            found.append(versions[-1])
+    if found:
+        os.environ["PATH"] = os.pathsep.join([*found, os.environ.get("PATH", "")])
+
+
+_add_pyenv_interpreters()
+
+
+def install(session: nox.Session, django: str) -> None:
+    # The django-tasks backport is Django 5.2's @task; Django 6 has django.tasks.
+    extras = "mysql,postgres,redis,test" + (",tasks" if django == "5.2" else "")
+    session.install("-e", f".[{extras}]", DJANGO[django])
+    session.run(
+        "python",
+        "-c",
+        "import django, sys; print('Django', django.__version__, "
+        "'on Python', sys.version.split()[0])",
+    )
+
+
+def pytest(session: nox.Session, db: str, *args: str, run: str = "", **env_: str) -> None:
+    """pytest under coverage. Selecting no test (exit 5) fails the run, unless arguments
+    after ``--`` narrow it (``-k claim`` selects nothing in some runs)."""
+    data = ROOT / ".coverage-data"
+    data.mkdir(exist_ok=True)
+    env = {
+        "DBQUEUE_DB": db,
+        "COVERAGE_FILE": str(data / ".coverage"),
+        # Two runs on the same server (parallel checkouts, two nox sessions) must not
+        # share a test database.
+        "DBQUEUE_TEST_DB_NAME": os.environ.get("DBQUEUE_TEST_DB_NAME")
+        or f"test_dbqueue_{session.python}_{db}".replace(".", "_"),
+        **env_,
+    }
+    results = ROOT / "test-results"
+    results.mkdir(exist_ok=True)
+    name = f"{session.name}-{db}{run and '-' + run}".translate(str.maketrans("()", "--"))
+    junit = results / f"{name}.xml"
+    session.run(
+        "coverage",
+        "run",
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={junit}",
+        *args,
+        *session.posargs,
+        env=env,
+        success_codes=[0, 5] if session.posargs else [0],
+    )
+
+
+def selected_databases() -> list[str]:
+    chosen = os.environ.get("DBQUEUE_TEST_DATABASES", " ".join(DATABASES)).split()
+    unknown = set(chosen) - set(DATABASES)
+    if unknown:
+        raise SystemExit(f"DBQUEUE_TEST_DATABASES: unknown {sorted(unknown)}")
+    return chosen
+
+
+@nox.session
+@nox.parametrize("python,django", MATRIX)
+def full(session: nox.Session, django: str) -> None:
+    """The whole suite on each database in DBQUEUE_TEST_DATABASES (default: all three)."""
+    install(session, django)
+    failed = []
+    for db in selected_databases():
+        try:
+            pytest(session, db)
+        except nox.command.CommandFailed:
+            failed.append(db)
+        # The queue's tables in a second database, behind a router (docs/databases.md):
+        # only the second_database tests run, and only this way.
+        try:
+            second = "tests/test_second_database.py"
+            pytest(session, db, second, run="queue-db", DBQUEUE_QUEUE_DB="1")
+        except nox.command.CommandFailed:
+            failed.append(f"{db} (queue in a second database)")
+    if failed:
+        session.error(f"the suite failed on {', '.join(failed)}")
+
+
+@nox.session
+@nox.parametrize("python,django", MATRIX)
+def smoke(session: nox.Session, django: str) -> None:
+    """On SQLite: the smoke suite (checks, migrate, enqueue, run_jobs, admin, @task); on a
+    Django that no corner's full run covers (6.0), the Django Tasks tests too, the part of
+    the app that differs most between Djangos."""
+    install(session, django)
+    runs = [("", ("-m", "smoke"))]
+    if django not in {dj for _, dj in CORNERS}:
+        runs.append(("tasks", ("tests/tasks",)))
+    failed = []
+    for run, args in runs:
+        try:
+            pytest(session, "sqlite", *args, run=run)
+        except nox.command.CommandFailed:
+            failed.append(" ".join(args))
+    if failed:
+        session.error(f"failed: {', '.join(failed)}")
+
+
+@nox.session
+@nox.parametrize("python,django", MATRIX)
+def fresh(session: nox.Session, django: str) -> None:
+    """Brand-new projects with the app installed from the built wheel (SQLite)."""
+    install(session, django)
+    pytest(session, "sqlite", "-m", "fresh")
