@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 from typing import Any
 
 from django_dbqueue.exceptions import InvalidJob
@@ -150,6 +151,16 @@ def check_nesting(value: list[Any] | dict[str, Any], what: str) -> None:
                 if depth + 1 > MAX_NESTING:
                     raise too_deep(what)
                 stack.append((item, depth + 1))
+
+
+# A NUL character, escaped in JSON text (json.dumps escapes it, as it does every
+# control character): \u0000 after an even number of backslashes.
+JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def has_nul(json_text: str) -> bool:
+    """Does this JSON text hold a NUL character (which PostgreSQL cannot store)?"""
+    return "\\u0000" in json_text and JSON_NUL.search(json_text) is not None
 
 
 def too_deep(what: str) -> InvalidJob:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -58,9 +57,6 @@ class Defaults(NamedTuple):
 _FIELDS = [f.attname for f in Job._meta.concrete_fields]
 _DEFAULTS = {f.attname: f.get_default() for f in Job._meta.concrete_fields}
 TASK_PATH_MAX = Job._meta.get_field("task").max_length or 255
-# A NUL character, escaped in JSON text (json.dumps escapes it, as it does every
-# control character): \u0000 after an even number of backslashes.
-_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def new_job(values: dict[str, Any]) -> Job:
@@ -87,7 +83,7 @@ def _check_json(value: list[Any] | dict[str, Any], what: str) -> tuple[Any, int]
     # Nesting cannot be deeper than the brackets in the text: most arguments need no walk.
     if text.count("[") + text.count("{") > bounds.MAX_NESTING + 1:
         bounds.check_nesting(value, what)
-    if "\\u0000" in text and _JSON_NUL.search(text):
+    if bounds.has_nul(text):
         raise InvalidJob(
             f"Job {what} contain a NUL character (\\x00), which PostgreSQL cannot store in "
             "JSON; encode binary data (e.g. base64) before enqueueing it."

@@ -33,7 +33,7 @@ if TYPE_CHECKING or find_spec("django.tasks") is not None:
 elif find_spec("django_tasks") is None:
     raise ImportError(
         "DBQueueBackend needs the Django Tasks framework: Django 6+ (django.tasks) or, on "
-        "Django 5.2, the django-tasks backport (django-dbqueue's \"tasks\" extra) with "
+        'Django 5.2, the django-tasks backport (django-dbqueue\'s "tasks" extra) with '
         "'django_tasks' in INSTALLED_APPS."
     )
 else:  # Django 5.2 with the backport

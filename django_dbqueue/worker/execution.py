@@ -10,8 +10,9 @@ from contextlib import contextmanager
 from types import FrameType
 from typing import Any
 
-from django_dbqueue import registry
-from django_dbqueue.exceptions import JobTimeout
+from django_dbqueue import bounds, registry
+from django_dbqueue.conf import settings
+from django_dbqueue.exceptions import InvalidJob, JobTimeout
 from django_dbqueue.models import Job
 
 
@@ -48,15 +49,43 @@ def call_job(job: Job) -> Any:
         result = run_task(func, job)
     else:
         result = func(*(job.args or []), **(job.kwargs or {}))
-    if type(result) in _PLAIN:
+    if type(result) in _PLAIN and (
+        type(result) is not str or (len(result) <= 1024 and "\x00" not in result)
+    ):
         return result
+    return storable(job.task, result)
+
+
+def storable(task: str, result: Any) -> Any:
+    """The result as it will be stored, or ResultNotSerializable when no database could
+    store it: the same bounds as a job's arguments (JSON, nesting, NUL, size), so a
+    hostile return value fails its own attempt instead of the worker's bookkeeping."""
     try:
-        return json.loads(json.dumps(result, allow_nan=False))
+        text = json.dumps(result, allow_nan=False)
+    except RecursionError:
+        raise _unstorable(task, result, f"nested deeper than {bounds.MAX_NESTING} levels") from None
     except (TypeError, ValueError) as exc:
-        raise ResultNotSerializable(
-            f"{job.task} returned {type(result).__name__}, which is not JSON-serializable "
-            f"({exc}); return plain data (or None) from jobs."
-        ) from None
+        raise _unstorable(task, result, f"not JSON-serializable ({exc})") from None
+    if text.count("[") + text.count("{") > bounds.MAX_NESTING:
+        try:
+            bounds.check_nesting([result], "result")
+        except InvalidJob:
+            raise _unstorable(
+                task, result, f"nested deeper than {bounds.MAX_NESTING} levels"
+            ) from None
+    if bounds.has_nul(text):
+        raise _unstorable(task, result, "holding a NUL character (\\x00)")
+    limit = int(settings.MAX_PAYLOAD_BYTES)
+    if len(text) > limit:
+        raise _unstorable(task, result, f"{len(text)} bytes of JSON, over MAX_PAYLOAD_BYTES")
+    return json.loads(text)
+
+
+def _unstorable(task: str, result: Any, why: str) -> ResultNotSerializable:
+    return ResultNotSerializable(
+        f"{task} returned {type(result).__name__} {why}, which cannot be stored; return "
+        "plain data (or None) from jobs."
+    )
 
 
 @contextmanager

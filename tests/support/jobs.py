@@ -49,6 +49,21 @@ def unserializable() -> object:
     return object()
 
 
+@job
+def hostile_result(kind: str) -> object:
+    """Return something no database should be asked to store."""
+    if kind == "deep":
+        value: list[object] = []
+        for _ in range(40):
+            value = [value]
+        return value
+    if kind == "nul":
+        return "a\x00b"
+    if kind == "huge":
+        return "x" * 2_000_000
+    return {"nested": {"deeply": [1, 2, 3]}}
+
+
 class Tasks:
     @staticmethod
     @job

@@ -83,6 +83,27 @@ def test_unserializable_result_is_a_clear_failure() -> None:
     assert "not JSON-serializable" in job.last_error
 
 
+@pytest.mark.parametrize(
+    ("kind", "why"),
+    [
+        ("deep", "nested deeper than 30 levels"),
+        ("nul", "holding a NUL character"),
+        ("huge", "over MAX_PAYLOAD_BYTES"),
+    ],
+)
+def test_a_result_no_database_could_store_fails_its_job_alone(kind: str, why: str) -> None:
+    bad = enqueue(jobs.hostile_result, [kind], max_attempts=1)
+    good = [enqueue(jobs.add, [i, 1]) for i in range(3)]
+    fine = enqueue(jobs.hostile_result, ["fine"])
+    drain()
+    bad.refresh_from_db()
+    assert bad.status == Job.Status.FAILED
+    assert why in bad.last_error and "ResultNotSerializable" in bad.last_error
+    assert {j.status for j in Job.objects.filter(pk__in=[g.pk for g in good])} == {"done"}
+    fine.refresh_from_db()
+    assert fine.result == {"nested": {"deeply": [1, 2, 3]}}
+
+
 def test_max_jobs_and_queue_selection() -> None:
     for _ in range(5):
         enqueue(jobs.noop)
