@@ -69,7 +69,7 @@ def assert_innocents_ran_once(innocents: list[Job]) -> None:
 
 def stop(proc: object) -> None:
     proc.send_signal(signal.SIGTERM)  # type: ignore[attr-defined]
-    out, _ = proc.communicate(timeout=30)  # type: ignore[attr-defined]
+    out, _ = proc.communicate(timeout=60)  # type: ignore[attr-defined]
     assert proc.returncode == 0, out  # type: ignore[attr-defined]
 
 
