@@ -18,6 +18,7 @@ from django_dbqueue import signals
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import InvalidJob
 from django_dbqueue.models import QueueState
+from django_dbqueue.queue.dialects import write_transaction
 
 
 def _check_queue(queue: str) -> None:
@@ -31,7 +32,9 @@ def _set(queue: str, paused: bool, by: str) -> bool:
     """Set the switch; True when it changed."""
     _check_queue(queue)
     using = router.db_for_write(QueueState)
-    with transaction.atomic(using=using):
+    # Read then write: on SQLite the transaction must take the write lock at BEGIN, or a
+    # busy queue makes its upgrade fail at once with "database is locked".
+    with write_transaction(using):
         state, created = (
             QueueState.objects.using(using)
             .select_for_update()
