@@ -30,7 +30,14 @@ from django_dbqueue.models import Counter, Job, QueueState, WorkerProcess
 from django_dbqueue.worker import wakeup
 from django_dbqueue.worker.loop import Worker
 from testproject.models import Execution
-from tests.support import CURRENT_VENDOR, Processes, jobs, task_functions, wait_until
+from tests.support import (
+    CURRENT_VENDOR,
+    Processes,
+    empty_database,
+    jobs,
+    task_functions,
+    wait_until,
+)
 
 pytestmark = [
     pytest.mark.second_database,
@@ -354,18 +361,8 @@ def test_an_idle_worker_wakes_at_once(
 
 @pytest.fixture
 def empty_queue_database(tmp_path: Any) -> Iterator[str]:
-    connection = connections["queue"]
-    if connection.vendor == "sqlite":
-        yield str(tmp_path / "empty-queue.sqlite3")
-        return
-    name = f"{connection.settings_dict['NAME']}_empty"
-    quoted = connection.ops.quote_name(name)
-    with connection.cursor() as cursor:
-        cursor.execute(f"DROP DATABASE IF EXISTS {quoted}")
-        cursor.execute(f"CREATE DATABASE {quoted}")
-    yield name
-    with connection.cursor() as cursor:
-        cursor.execute(f"DROP DATABASE IF EXISTS {quoted}")
+    with empty_database(connections["queue"], tmp_path / "empty-queue.sqlite3") as name:
+        yield name
 
 
 @pytest.mark.processes

@@ -12,6 +12,7 @@ from django.db import connection
 from django.db.migrations.loader import MigrationLoader
 
 from tests.support import Processes
+from tests.support import empty_database as support_empty_database
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 
@@ -19,17 +20,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 @pytest.fixture
 def empty_database(transactional_db: None, tmp_path: Path) -> Iterator[str]:
     """The name of a database with nothing in it, on this run's server."""
-    if connection.vendor == "sqlite":
-        yield str(tmp_path / "empty.sqlite3")
-        return
-    name = f"{connection.settings_dict['NAME']}_empty"
-    quoted = connection.ops.quote_name(name)
-    with connection.cursor() as cursor:
-        cursor.execute(f"DROP DATABASE IF EXISTS {quoted}")
-        cursor.execute(f"CREATE DATABASE {quoted}")
-    yield name
-    with connection.cursor() as cursor:
-        cursor.execute(f"DROP DATABASE IF EXISTS {quoted}")
+    with support_empty_database(connection, tmp_path / "empty.sqlite3") as name:
+        yield name
 
 
 @pytest.fixture

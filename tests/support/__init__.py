@@ -6,7 +6,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,3 +58,22 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 60.0, interval: fl
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout} s")
         time.sleep(interval)
+
+
+@contextmanager
+def empty_database(connection: Any, sqlite_path: Path) -> Iterator[str]:
+    """The name of a new, empty database on ``connection``'s server, dropped afterwards
+    (on SQLite, a file path that does not exist yet)."""
+    if connection.vendor == "sqlite":
+        yield str(sqlite_path)
+        return
+    name = f"{connection.settings_dict['NAME']}_empty"
+    quoted = connection.ops.quote_name(name)
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP DATABASE IF EXISTS {quoted}")
+        cursor.execute(f"CREATE DATABASE {quoted}")
+    try:
+        yield name
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP DATABASE IF EXISTS {quoted}")
