@@ -17,7 +17,7 @@ from django_dbqueue import enqueue, enqueue_many
 from django_dbqueue.exceptions import InvalidJob
 from django_dbqueue.models import Job
 from django_dbqueue.queue.finish import finish_failed_attempt
-from tests.support import ROOT, jobs
+from tests.support import ROOT, jobs, reap
 
 S = Job.Status
 
@@ -168,13 +168,7 @@ def test_concurrent_enqueues_from_many_processes_make_one_job_per_key(
             for key, ids in json.loads(out).items():
                 seen.setdefault(key, set()).update(ids)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            for stream in (proc.stdin, proc.stdout, proc.stderr):
-                if stream and not stream.closed:
-                    stream.close()
+        reap(procs)
 
     assert len(seen) == 50
     assert all(len(ids) == 1 for ids in seen.values()), "every process got the same job"

@@ -77,3 +77,14 @@ def empty_database(connection: Any, sqlite_path: Path) -> Iterator[str]:
     finally:
         with connection.cursor() as cursor:
             cursor.execute(f"DROP DATABASE IF EXISTS {quoted}")
+
+
+def reap(procs: list[subprocess.Popen[str]]) -> None:
+    """Kill whichever of ``procs`` still runs and close every pipe they had."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream and not stream.closed:
+                stream.close()

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from typing import Any
 
-from tests.support import ROOT
+from tests.support import ROOT, reap
 
 
 def run_lock_workers(env: dict[str, str], count: int, **params: Any) -> list[dict[str, Any]]:
@@ -47,13 +47,7 @@ def run_lock_workers(env: dict[str, str], count: int, **params: Any) -> list[dic
             reports.extend(json.loads(line) for line in out.splitlines())
         return reports
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            for stream in (proc.stdin, proc.stdout, proc.stderr):
-                if stream and not stream.closed:
-                    stream.close()
+        reap(procs)
 
 
 def max_overlap(reports: list[dict[str, Any]]) -> int:
