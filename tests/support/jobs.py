@@ -45,6 +45,16 @@ def sleep(seconds: float) -> float:
 
 
 @job
+def hold_until(path: str, key: str) -> None:
+    """Record that this job started, then wait (at most a minute) until ``path`` exists:
+    a gate that lets a test hold workers until all of them are running."""
+    Execution.objects.create(key=key, pid=os.getpid())
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+@job
 def unserializable() -> object:
     return object()
 

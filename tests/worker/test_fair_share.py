@@ -5,29 +5,44 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from django_dbqueue import enqueue_many
 from django_dbqueue.models import Job
-from tests.support import Processes, jobs
+from testproject.models import Execution
+from tests.support import Processes, jobs, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 
 
 def test_two_burst_workers_each_drain_a_fair_share(
-    processes: Processes, worker_env: Callable[..., dict[str, str]]
+    processes: Processes, worker_env: Callable[..., dict[str, str]], tmp_path: Path
 ) -> None:
     total = 20_000
+    # A gate first: one job each worker must start (a claim sizes itself to one job
+    # until the worker has timed some), held until both run, so that neither gets a head
+    # start while the other is still importing Django (a second of start-up on a loaded
+    # machine is a third of this drain).
+    gate = tmp_path / "open"
+    enqueue_many(
+        {"task": jobs.hold_until, "args": [str(gate), f"gate{n}"], "priority": 10}
+        for n in range(2)
+    )
     enqueue_many({"task": jobs.noop} for _ in range(total))
     env = worker_env()
     workers = [processes.run_jobs("--burst", env=env) for _ in range(2)]
+    wait_until(lambda: Execution.objects.filter(key__startswith="gate").count() == 2)
+    gate.touch()
     for proc in workers:
         out, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, out
-    assert Job.objects.filter(status=Job.Status.DONE).count() == total
+    assert Job.objects.filter(status=Job.Status.DONE).count() == total + 2
     # Each run_jobs is a supervisor with one child; the child's name is the owner.
-    owners = Counter(Job.objects.values_list("owner", flat=True))
+    gates = Job.objects.filter(task__endswith="hold_until")
+    assert len(set(gates.values_list("owner", flat=True))) == 2
+    owners = Counter(Job.objects.exclude(pk__in=gates).values_list("owner", flat=True))
     assert len(owners) == 2, owners
     assert min(owners.values()) >= 0.3 * total, f"one worker idled or left early: {owners}"
 
