@@ -139,6 +139,9 @@ if importlib.util.find_spec("django_redis"):
         "BACKEND": "django_redis.cache.RedisCache",
         "LOCATION": REDIS_URL,
         "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
+        # Test runs that share the Redis server (`make test` runs two at once) must not
+        # wake each other's workers.
+        "KEY_PREFIX": f"{DB_VENDOR}:{TEST_DB_NAME or 'demo'}",
     }
 
 DBQUEUE: dict[str, Any] = {

@@ -44,6 +44,14 @@ def _redis(alias: str) -> Any:
     return get_redis_connection(alias)
 
 
+def _redis_channel() -> str:
+    """The channel, under the cache's KEY_PREFIX and VERSION: projects (or test runs) that
+    share one Redis server with their own prefixes do not wake each other's workers."""
+    from django.core.cache import caches
+
+    return str(caches[settings.WAKEUP_REDIS_ALIAS].make_key(CHANNEL))
+
+
 def method() -> str:
     """Which wake-up this configuration uses: "postgres", "redis" or "poll"."""
     if not settings.WAKEUP:
@@ -66,7 +74,7 @@ def notify(queues: Iterable[str]) -> None:
             with connections[_job_database()].cursor() as cursor:
                 cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, payload])
         elif how == "redis":
-            _redis(settings.WAKEUP_REDIS_ALIAS).publish(CHANNEL, payload)
+            _redis(settings.WAKEUP_REDIS_ALIAS).publish(_redis_channel(), payload)
     except Exception as exc:  # a hint only: never fail the caller's request over it
         logger.warning("Could not wake workers (%s); they will find the jobs by polling", exc)
 
@@ -117,7 +125,7 @@ class RedisListener:
     def __init__(self, queues: Iterable[str]) -> None:
         self.queues = set(queues)
         self.pubsub = _redis(settings.WAKEUP_REDIS_ALIAS).pubsub(ignore_subscribe_messages=True)
-        self.pubsub.subscribe(CHANNEL)
+        self.pubsub.subscribe(_redis_channel())
 
     def wait(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout

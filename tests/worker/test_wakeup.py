@@ -50,6 +50,24 @@ def test_listener_hears_committed_jobs_of_its_queues_only() -> None:
             listener.close()
 
 
+@pytest.mark.only_vendor("sqlite", "mysql")
+def test_projects_sharing_redis_under_other_key_prefixes_do_not_wake_each_other() -> None:
+    from django.conf import settings
+
+    other = {**settings.CACHES["redis"], "KEY_PREFIX": "another-project"}
+    with settings_with():
+        listener = wakeup.listen(["default"])
+        assert listener is not None
+        try:
+            with override_settings(CACHES={**settings.CACHES, "redis": other}):
+                wakeup.notify(["default"])
+            assert not listener.wait(0.3), "another project's job does not wake us"
+            wakeup.notify(["default"])
+            assert listener.wait(2.0)
+        finally:
+            listener.close()
+
+
 def test_without_a_wakeup_channel_workers_poll() -> None:
     with settings_with(WAKEUP=False):
         assert wakeup.method() == "poll"
