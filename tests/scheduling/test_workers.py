@@ -14,7 +14,7 @@ from django.utils import timezone
 from django_dbqueue import enqueue_many
 from django_dbqueue.models import Job, ScheduleTick
 from django_dbqueue.scheduling import pausing
-from tests.support import Processes, jobs, wait_until
+from tests.support import Processes, grow_by_copying, jobs, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 
@@ -126,13 +126,14 @@ def test_pruning_many_old_rows_during_a_drain_loses_no_unfinished_job(
     Job.objects.insert_many(
         [
             Job(task="tests.support.jobs.noop", status=Job.Status.DONE, finished_at=old)
-            for _ in range(history)
-        ],
-        batch_size=5000,
+            for _ in range(2000)
+        ]
     )
+    grow_by_copying(Job.objects.filter(finished_at=old), history)
+    assert Job.objects.count() == history
     created = enqueue_many({"task": jobs.add, "args": [i, 1]} for i in range(2000))
-    # Batches of 2,000 ids (still one short DELETE each) keep the test under a minute.
-    env = worker_env(RETENTION_INTERVAL=1, PRUNE_BATCH_SIZE=2000)
+    # Turns every 0.2 s, of 2,000 ids a DELETE (still short): the backlog goes in seconds.
+    env = worker_env(RETENTION_INTERVAL=0.2, PRUNE_BATCH_SIZE=2000)
     proc = processes.run_jobs("--concurrency", "2", env=env)
     old_rows = Job.objects.filter(status=Job.Status.DONE, finished_at__lte=old)
     wait_until(lambda: not old_rows.exists(), timeout=240)

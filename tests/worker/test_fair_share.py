@@ -27,8 +27,7 @@ def test_two_burst_workers_each_drain_a_fair_share(
     # machine is a third of this drain).
     gate = tmp_path / "open"
     enqueue_many(
-        {"task": jobs.hold_until, "args": [str(gate), f"gate{n}"], "priority": 10}
-        for n in range(2)
+        {"task": jobs.hold_until, "args": [str(gate), f"gate{n}"], "priority": 10} for n in range(2)
     )
     enqueue_many({"task": jobs.noop} for _ in range(total))
     env = worker_env()
