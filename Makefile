@@ -24,4 +24,4 @@ lint:
 	bash scripts/test.sh --lint-only
 
 clean:
-	rm -rf $(VENV) .venv-demo* .nox .coverage-data demo.sqlite3* demo-queue.sqlite3* .test-db.sqlite3* .test-db-queue.sqlite3* .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-demo* .nox .coverage-data demo.sqlite3* demo-queue.sqlite3* .test-db*.sqlite3* .test_dbq_*.sqlite3* .pytest_cache .mypy_cache .ruff_cache

@@ -11,8 +11,10 @@ One session per cell and kind of run, each in a uv virtualenv of its own:
 
 `make test` (scripts/test.sh) runs `full` on the two corners (oldest and newest; its
 SQLite run includes the fresh-project tests) and `smoke` on every other cell (with
-tests/tasks on Django 6.0, which no corner covers). Arguments
-after `--` go to pytest. Coverage data goes to .coverage-data/ (one file per process;
+tests/tasks on Django 6.0, which no corner covers): the SQLite runs and the server runs
+side by side (two nox processes, DBQUEUE_TEST_RESTARTS=without for the latter), then the
+tests that restart a server (DBQUEUE_TEST_RESTARTS=only). Arguments after `--` go to
+pytest. Coverage data goes to .coverage-data/ (one file per process;
 scripts/test.sh combines them).
 """
 
@@ -88,10 +90,10 @@ def pytest(session: nox.Session, db: str, *args: str, run: str = "", **env_: str
     env = {
         "DBQUEUE_DB": db,
         "COVERAGE_FILE": str(data / ".coverage"),
-        # Two runs on the same server (parallel checkouts, two nox sessions) must not
-        # share a test database.
+        # Two runs at once (parallel checkouts, `make test`'s two streams) must not share
+        # a test database (nor, through testproject's settings, a Redis key prefix).
         "DBQUEUE_TEST_DB_NAME": os.environ.get("DBQUEUE_TEST_DB_NAME")
-        or f"test_dbqueue_{session.python}_{db}".replace(".", "_"),
+        or "test_dbq_" + "".join(c if c.isalnum() else "_" for c in f"{session.name}_{db}"),
         **env_,
     }
     results = ROOT / "test-results"
@@ -121,15 +123,33 @@ def selected_databases() -> list[str]:
     return chosen
 
 
+def restarts() -> str:
+    """DBQUEUE_TEST_RESTARTS: "with" (default) runs the tests that restart a database
+    server with the rest; "without" leaves them out and "only" runs just them, so that
+    `make test` can run its SQLite and server runs side by side and the restarts after."""
+    phase = os.environ.get("DBQUEUE_TEST_RESTARTS", "with")
+    if phase not in {"with", "without", "only"}:
+        raise SystemExit(f"DBQUEUE_TEST_RESTARTS: {phase!r} is not with, without or only")
+    return phase
+
+
 @nox.session
 @nox.parametrize("python,django", MATRIX)
 def full(session: nox.Session, django: str) -> None:
     """The whole suite on each database in DBQUEUE_TEST_DATABASES (default: all three)."""
     install(session, django)
+    phase = restarts()
     failed = []
     for db in selected_databases():
+        if phase == "only":
+            if db != "sqlite":  # SQLite has no server to restart
+                try:
+                    pytest(session, db, "-m", "server_restart", run="restarts")
+                except nox.command.CommandFailed:
+                    failed.append(f"{db} (server restarts)")
+            continue
         try:
-            pytest(session, db)
+            pytest(session, db, *(["-m", "not server_restart"] if phase == "without" else []))
         except nox.command.CommandFailed:
             failed.append(db)
         # The queue's tables in a second database, behind a router (docs/databases.md):

@@ -119,12 +119,69 @@ for db in $DATABASES; do
 done
 
 mkdir -p test-results
-rm -f test-results/*.xml
+rm -f test-results/*.xml test-results/*.log
 rm -rf .coverage-data
+# The matrix (noxfile.py) in two streams side by side: one run keeps about one core
+# busy, so two share the machine's two cores. Each step of a stream is one nox call (the
+# databases of its full runs, then its sessions); every session has its own test
+# databases and Redis key prefix, and all MariaDB runs are in one stream (GET_LOCK names
+# are server-wide). The tests that restart a server run last, alone.
+read -r old_corner new_corner <<<"$("$VENV/bin/python" -c "import noxfile; print(' '.join(f'full({p}-django{d})' for p, d in noxfile.CORNERS))")"
+read -r -a everything <<<"$("$VENV/bin/python" -c "import noxfile; print(' '.join(noxfile.nox.options.sessions))")"
+smoke_cells=()
+for session in "${everything[@]}"; do [[ $session == smoke* ]] && smoke_cells+=("$session"); done
+STREAM_SQLITE=("sqlite:$old_corner $new_corner" "postgres:$new_corner")
+STREAM_SERVERS=("mysql postgres:$old_corner" "mysql:$new_corner" "sqlite:${smoke_cells[*]}")
+
+posargs=("$@")
+run_stream() {  # name, steps ("databases:sessions"); a database that is not reachable is left out
+    local name=$1 step dbs sessions db wanted status=0
+    shift
+    for step in "$@"; do
+        dbs=${step%%:*}
+        read -r -a sessions <<<"${step#*:}"
+        wanted=""
+        for db in $dbs; do [[ " $reachable " == *" $db "* ]] && wanted="$wanted $db"; done
+        [[ -z "${wanted// /}" ]] && continue
+        echo "== $name: DBQUEUE_TEST_DATABASES=\"${wanted# }\" nox -R -s ${sessions[*]}"
+        DBQUEUE_TEST_DATABASES="$wanted" DBQUEUE_TEST_RESTARTS=without \
+            "$VENV/bin/nox" -R -s "${sessions[@]}" -- "${posargs[@]}" || status=1
+    done
+    return $status
+}
+
 if [[ -n "${reachable// /}" ]]; then
-    say "The test matrix (nox): full suite on the corners on${reachable}, smoke suite on the other cells"
-    # nox runs every session even when one fails, and lists them all at the end.
-    DBQUEUE_TEST_DATABASES="$reachable" "$VENV/bin/nox" -- "$@" || status=1
+    say "Test virtualenvs (nox --install-only): ${everything[*]}"
+    "$VENV/bin/nox" --install-only -s "${everything[@]}" >test-results/nox-install.log 2>&1 \
+        || { tail -30 test-results/nox-install.log; loud "could not build the test virtualenvs"; exit 1; }
+
+    say "The test matrix (nox), two streams: test-results/stream-sqlite.log, test-results/stream-servers.log"
+    run_stream sqlite "${STREAM_SQLITE[@]}" >test-results/stream-sqlite.log 2>&1 &
+    sqlite_pid=$!
+    run_stream servers "${STREAM_SERVERS[@]}" >test-results/stream-servers.log 2>&1 &
+    servers_pid=$!
+    started=$SECONDS
+    while jobs -r | grep -q .; do
+        sleep 60
+        for log in test-results/stream-sqlite.log test-results/stream-servers.log; do
+            printf '    %3d min  %-18s %s\n' $(((SECONDS - started) / 60)) "${log#test-results/}" \
+                "$(grep -E '^nox > Running session|[0-9]+ (passed|failed)' "$log" | tail -1 | cut -c1-90)"
+        done
+    done
+    wait $sqlite_pid || status=1
+    wait $servers_pid || status=1
+    for log in test-results/stream-sqlite.log test-results/stream-servers.log; do
+        say "$log"
+        cat "$log"
+    done
+
+    servers=""
+    for db in $reachable; do [[ $db != sqlite ]] && servers="$servers $db"; done
+    if [[ -n "${servers// /}" ]]; then
+        say "The tests that restart a database server (alone)"
+        DBQUEUE_TEST_DATABASES="$servers" DBQUEUE_TEST_RESTARTS=only \
+            "$VENV/bin/nox" -R -s "$old_corner" "$new_corner" -- "$@" || status=1
+    fi
 fi
 
 say "Coverage of django_dbqueue/ (every run and the worker processes they started)"

@@ -79,7 +79,7 @@ if DB_VENDOR == "sqlite":
                 "timeout": 30,
                 "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
             },
-            "TEST": {"NAME": str(BASE_DIR / ".test-db.sqlite3")},
+            "TEST": {"NAME": str(BASE_DIR / f".{TEST_DB_NAME or 'test-db'}.sqlite3")},
         }
     }
 elif DB_VENDOR == "mysql":
@@ -122,7 +122,7 @@ if QUEUE_DB:
     queue_test = dict(DATABASES["default"]["TEST"])
     if DB_VENDOR == "sqlite":
         queue_name = QUEUE_DB_NAME or str(BASE_DIR / "demo-queue.sqlite3")
-        queue_test["NAME"] = str(BASE_DIR / ".test-db-queue.sqlite3")
+        queue_test["NAME"] = str(BASE_DIR / f".{TEST_DB_NAME or 'test-db'}-queue.sqlite3")
     else:
         queue_name = QUEUE_DB_NAME or "dbqueue_queue"
         queue_test["NAME"] = f"{TEST_DB_NAME}_queue" if TEST_DB_NAME else None

@@ -17,6 +17,9 @@ from django_dbqueue.scheduling.config import (
 )
 from tests.scheduling.helpers import utc
 
+# Pure computation: the same on every database, so only the SQLite run has it.
+pytestmark = pytest.mark.only_vendor("sqlite")
+
 ISSUE_EXAMPLE = {
     "nightly-report": {
         "task": "reports.jobs.nightly",

@@ -10,6 +10,9 @@ import pytest
 from django_dbqueue.exceptions import ScheduleError
 from tests.scheduling.helpers import cron, local, ticks_on_local_days, utc
 
+# Pure computation: the same on every database, so only the SQLite run has it.
+pytestmark = pytest.mark.only_vendor("sqlite")
+
 
 def first_ticks(expression: str, count: int, after: tuple[int, ...] = (2025, 1, 1)) -> list[str]:
     s = cron(expression)

@@ -17,7 +17,8 @@ import pytest
 
 from tests.support import ROOT
 
-pytestmark = pytest.mark.smoke
+# Imports do not depend on the database: the SQLite runs (and every smoke run) have it.
+pytestmark = [pytest.mark.smoke, pytest.mark.only_vendor("sqlite")]
 
 CHILD = r"""
 import importlib, importlib.util, json, pkgutil, sys, traceback

@@ -22,7 +22,8 @@ import pytest
 
 from tests.support import ROOT
 
-pytestmark = pytest.mark.smoke
+# Imports do not depend on the database: the SQLite runs (and every smoke run) have it.
+pytestmark = [pytest.mark.smoke, pytest.mark.only_vendor("sqlite")]
 
 APP = ROOT / "django_dbqueue"
 
