@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, TypeVar
 
-from django.utils import timezone
-
 from django_dbqueue import signals
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import JobCancelled, RetryJob, UnregisteredTask, WorkerShutdown
@@ -38,7 +36,7 @@ from django_dbqueue.worker.connections import (
     retry_transient,
 )
 from django_dbqueue.worker.execution import call_job, time_limit
-from django_dbqueue.worker.liveness import SHOW_AFTER, HeartbeatThread, recover
+from django_dbqueue.worker.liveness import SHOW_AFTER, HeartbeatThread, recover, wall_time
 from django_dbqueue.worker.slots import Slot, SlotTable
 
 logger = logging.getLogger("django_dbqueue.worker")
@@ -299,7 +297,8 @@ class Worker:
 
     def _process(self, job: Job) -> None:
         refresh_connections()
-        job.started_at = timezone.now()
+        wall = time.time()
+        job.note_attempt(wall_time(wall))
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "Job %s (%s) started", job.id, job.task, extra=self._extra("job_started", job)
@@ -307,7 +306,7 @@ class Worker:
         signals.job_started.send(Job, job=job, worker=self.name)
         error: BaseException | None = None
         timeout = job.timeout or self._job_timeout
-        began = self.slot.start(job.id, float(timeout) if timeout else None)
+        began = self.slot.start(job.id, float(timeout) if timeout else None, wall)
         self._running = job
         try:
             with time_limit(float(timeout) if timeout else None):
@@ -344,7 +343,8 @@ class Worker:
         The slot's log lets the supervisor record the job if this process dies before the
         write; a result too big for the log is written at once instead.
         """
-        started = job.started_at.timestamp() if job.started_at else time.time()
+        attempt = job.attempt_started_at
+        started = attempt.timestamp() if attempt is not None else time.time()
         logged = self.slot.log_done(job.id, started, job.result)
         if not logged and self._pending_done:
             self._flush(force=True)
