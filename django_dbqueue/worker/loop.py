@@ -205,12 +205,35 @@ class Worker:
             self._run_batch(jobs)
             self._flush(force=True)
 
-    def _idle(self, poll_sleep: float) -> None:
-        """Wait for a wake-up notification, or for the next poll when there is none."""
+    def _listen(self) -> float:
+        """Open the wake-up listener if there is none (retried every 30 s); returns now."""
         now = time.monotonic()
         if self._listener is None and now >= self._listen_retry_at:
             self._listener = wakeup.listen(self.queues)
             self._listen_retry_at = now + 30
+        return now
+
+    def _switched(self) -> bool:
+        """Was one of our queues paused or resumed since the last claim (as far as the
+        wake-up channel says; without one, the PauseWatcher's interval decides)?"""
+        self._listen()
+        if self._listener is None:
+            return False
+        try:
+            return self._listener.switched()
+        except Exception as exc:
+            logger.warning(
+                "Worker %s: wake-up listener failed (%s); polling for now",
+                self.name,
+                exc,
+                extra=self._extra("wakeup_error"),
+            )
+            self._close_listener()
+            return True  # it may have missed a pause: read the paused set again
+
+    def _idle(self, poll_sleep: float) -> None:
+        """Wait for a wake-up notification, or for the next poll when there is none."""
+        now = self._listen()
         if self._listener is None:
             self.stopping.wait(poll_sleep)
             return
@@ -258,7 +281,7 @@ class Worker:
         limit = self.claim_size()
         if self.max_jobs is not None:
             limit = max(1, min(limit, self.max_jobs - self.stats.processed))
-        queues = self._pauses.active()
+        queues = self._pauses.active(self._switched())
         if not queues:
             return Claimed()
         jobs = Job.objects.claim(self.name, limit, queues)
