@@ -12,7 +12,12 @@ from django.core import checks
 
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import ScheduleError
-from django_dbqueue.scheduling.config import default_timezone, is_dotted_path, parse_schedule
+from django_dbqueue.scheduling.config import (
+    clash_message,
+    default_timezone,
+    is_dotted_path,
+    parse_schedule,
+)
 
 # Which check id a ScheduleError gets, by the key it is about (others: E302).
 FIELD_IDS = {
@@ -74,6 +79,43 @@ def check_schedules(
                     "registered job.",
                     hint="Decorate it with @job, or list its module in DBQUEUE['TASK_MODULES'].",
                     id="django_dbqueue.E305",
+                )
+            )
+    if is_registered is not None:  # the task modules are imported: their schedules count
+        errors += _check_declared(set(raw), queues, zone)
+    return errors
+
+
+def _check_declared(taken: set[str], queues: list[str], zone: str) -> list[checks.CheckMessage]:
+    """@job(schedule=...): an unknown queue (E304), a name also used in the setting or by
+    another declaration (E306). The rest was checked when the decorator ran."""
+    from django_dbqueue import registry
+
+    errors: list[checks.CheckMessage] = []
+    owners = {name: "DBQUEUE['SCHEDULE']" for name in taken}
+    for path, name, entry in registry.declared_schedules():
+        where = f"@job(schedule=...) on {path}"
+        if name in owners:
+            errors.append(
+                checks.Error(
+                    f"{where}: {clash_message(name, owners[name])}",
+                    hint="Give the decorator's schedule a 'name' of its own.",
+                    id="django_dbqueue.E306",
+                )
+            )
+            continue
+        owners[name] = where
+        try:
+            schedule = parse_schedule(name, entry, default_timezone=zone)
+        except ScheduleError as exc:  # the default time zone is applied only now
+            errors.append(checks.Error(f"{where}: {exc.message}", id="django_dbqueue.E303"))
+            continue
+        if schedule.queue is not None and schedule.queue not in queues:
+            errors.append(
+                checks.Error(
+                    f"{where} (schedule {name!r}): unknown queue {schedule.queue!r}.",
+                    hint=f"Add it to DBQUEUE['QUEUES'] (now {', '.join(map(str, queues))}).",
+                    id="django_dbqueue.E304",
                 )
             )
     return errors
