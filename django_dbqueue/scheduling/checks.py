@@ -64,14 +64,7 @@ def check_schedules(
             check_id = FIELD_IDS.get(exc.field or "", "django_dbqueue.E302")
             errors.append(checks.Error(str(exc), hint=HINTS.get(check_id), id=check_id))
             continue
-        if schedule.queue is not None and schedule.queue not in queues:
-            errors.append(
-                checks.Error(
-                    f"DBQUEUE['SCHEDULE'][{name!r}]: unknown queue {schedule.queue!r}.",
-                    hint=f"Add it to DBQUEUE['QUEUES'] (now {', '.join(map(str, queues))}).",
-                    id="django_dbqueue.E304",
-                )
-            )
+        errors += _unknown_queue(f"DBQUEUE['SCHEDULE'][{name!r}]", schedule.queue, queues)
         if not registered(schedule.task):
             errors.append(
                 checks.Error(
@@ -91,6 +84,10 @@ def _check_declared(taken: set[str], queues: list[str], zone: str) -> list[check
     another declaration (E306). The rest was checked when the decorator ran."""
     from django_dbqueue import registry
 
+    try:
+        registry.discover()
+    except Exception:  # a task module that fails to import is E402's to report
+        return []
     errors: list[checks.CheckMessage] = []
     owners = {name: "DBQUEUE['SCHEDULE']" for name in taken}
     for path, name, entry in registry.declared_schedules():
@@ -110,12 +107,12 @@ def _check_declared(taken: set[str], queues: list[str], zone: str) -> list[check
         except ScheduleError as exc:  # the default time zone is applied only now
             errors.append(checks.Error(f"{where}: {exc.message}", id="django_dbqueue.E303"))
             continue
-        if schedule.queue is not None and schedule.queue not in queues:
-            errors.append(
-                checks.Error(
-                    f"{where} (schedule {name!r}): unknown queue {schedule.queue!r}.",
-                    hint=f"Add it to DBQUEUE['QUEUES'] (now {', '.join(map(str, queues))}).",
-                    id="django_dbqueue.E304",
-                )
-            )
+        errors += _unknown_queue(f"{where} (schedule {name!r})", schedule.queue, queues)
     return errors
+
+
+def _unknown_queue(where: str, queue: str | None, queues: list[str]) -> list[checks.CheckMessage]:
+    if queue is None or queue in queues:
+        return []
+    hint = f"Add it to DBQUEUE['QUEUES'] (now {', '.join(map(str, queues))})."
+    return [checks.Error(f"{where}: unknown queue {queue!r}.", hint=hint, id="django_dbqueue.E304")]

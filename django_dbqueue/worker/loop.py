@@ -222,13 +222,7 @@ class Worker:
         try:
             return self._listener.switched()
         except Exception as exc:
-            logger.warning(
-                "Worker %s: wake-up listener failed (%s); polling for now",
-                self.name,
-                exc,
-                extra=self._extra("wakeup_error"),
-            )
-            self._close_listener()
+            self._listener_failed(exc)
             return True  # it may have missed a pause: read the paused set again
 
     def _idle(self, poll_sleep: float) -> None:
@@ -246,13 +240,16 @@ class Worker:
                 if self._listener.wait(min(left, 0.25)):
                     return
         except Exception as exc:
-            logger.warning(
-                "Worker %s: wake-up listener failed (%s); polling for now",
-                self.name,
-                exc,
-                extra=self._extra("wakeup_error"),
-            )
-            self._close_listener()
+            self._listener_failed(exc)
+
+    def _listener_failed(self, exc: Exception) -> None:
+        logger.warning(
+            "Worker %s: wake-up listener failed (%s); polling for now",
+            self.name,
+            exc,
+            extra=self._extra("wakeup_error"),
+        )
+        self._close_listener()
 
     def _close_listener(self) -> None:
         if self._listener is not None:
