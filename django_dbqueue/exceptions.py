@@ -95,9 +95,12 @@ class ScheduleError(DBQueueError, ValueError):
     """An entry of ``DBQUEUE['SCHEDULE']`` cannot be used; ``name`` says which one (None:
     the setting as a whole) and ``field`` which of its keys (None: the entry as a whole)."""
 
-    def __init__(self, name: object, message: str, field: str | None = None) -> None:
+    def __init__(
+        self, name: object, message: str, field: str | None = None, where: str | None = None
+    ) -> None:
         self.name = name
         self.message = message
         self.field = field
-        where = "DBQUEUE['SCHEDULE']" + ("" if name is None else f"[{name!r}]")
-        super().__init__(f"{where}: {message}")
+        # where: the declaration, when not the setting (a @job(schedule=...)).
+        self.where = where or "DBQUEUE['SCHEDULE']" + ("" if name is None else f"[{name!r}]")
+        super().__init__(f"{self.where}: {message}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, ClassVar
 
 from django.db import models
@@ -64,7 +65,11 @@ class Job(models.Model):
         default=list, blank=True, help_text="Errors of earlier attempts, newest last."
     )
     created_at = models.DateTimeField(default=timezone.now)
+    # The first attempt's start (written only while NULL), and the latest attempt's when
+    # it is not the first (NULL: the first attempt is the latest). Written with the
+    # attempt's outcome, or by the supervisor once an attempt has run a moment.
     started_at = models.DateTimeField(null=True, blank=True)
+    last_attempted_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
     objects = JobManager()
@@ -108,6 +113,19 @@ class Job(models.Model):
 
     def as_call(self) -> tuple[str, list[Any], dict[str, Any]]:
         return self.task, list(self.args or []), dict(self.kwargs or {})
+
+    def note_attempt(self, started: datetime) -> None:
+        """An attempt starts at ``started``: the first one's start goes to ``started_at``
+        (kept from then on), a later one's to ``last_attempted_at``."""
+        if self.started_at is None:
+            self.started_at = started
+        else:
+            self.last_attempted_at = started
+
+    @property
+    def attempt_started_at(self) -> datetime | None:
+        """When the latest attempt started (None before the first)."""
+        return self.last_attempted_at or self.started_at
 
 
 class WorkerProcess(models.Model):

@@ -17,8 +17,8 @@ from __future__ import annotations
 import sys
 import threading
 import types
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from importlib import import_module
 from typing import Any, TypeVar, overload
 
@@ -50,6 +50,8 @@ class RegisteredTask:
     func: Any  # a function, or a Django Tasks Task (not itself callable)
     is_framework_task: bool = False
     defaults: dict[str, Any] = field(default_factory=dict)
+    # Recurring schedules declared with @job(schedule=...): (name, settings-style entry).
+    schedules: tuple[tuple[str, dict[str, Any]], ...] = ()
 
 
 _registry: dict[str, RegisteredTask] = {}
@@ -82,6 +84,7 @@ def job(
     retry_backoff: float | None = None,
     concurrency_key: str | None = None,
     concurrency_limit: int | None = None,
+    schedule: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
 ) -> Callable[[F], F]: ...
 
 
@@ -96,6 +99,7 @@ def job(
     retry_backoff: float | None = None,
     concurrency_key: str | None = None,
     concurrency_limit: int | None = None,
+    schedule: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
 ) -> Any:
     """Register a module-level function as a task, under ``module.qualname``.
 
@@ -107,6 +111,10 @@ def job(
     first positional one), formatted at each enqueue; see docs/concurrency.md.
     Workers run only registered tasks, so the module must be one they import: an
     installed app's ``tasks.py`` or ``jobs.py``, or a module in ``DBQUEUE['TASK_MODULES']``.
+
+    ``schedule={"cron": "0 3 * * *", "timezone": "Europe/Berlin"}`` (or a list of such)
+    also runs it on a schedule: the keys of a ``DBQUEUE['SCHEDULE']`` entry but ``task``,
+    plus an optional ``name`` (default: the task's path); see docs/scheduling.md.
     """
     defaults = _checked_defaults(
         queue=queue,
@@ -119,7 +127,11 @@ def job(
     )
 
     def decorate(function: F) -> F:
-        register(function, **defaults)
+        entry = register(function, **defaults)
+        if schedule is not None:
+            _registry[entry.path] = replace(
+                entry, schedules=_declared_schedules(entry.path, schedule)
+            )
         return function
 
     return decorate if func is None else decorate(func)
@@ -141,6 +153,38 @@ def _checked_defaults(**given: Any) -> dict[str, Any]:
         "concurrency_limit": bounds.check_concurrency_limit,
     }
     return {name: checks[name](value) for name, value in given.items() if value is not None}
+
+
+def _declared_schedules(
+    path: str, given: Mapping[str, Any] | Sequence[Mapping[str, Any]]
+) -> tuple[tuple[str, dict[str, Any]], ...]:
+    """``@job(schedule=...)`` as (name, entry) pairs, each checked as a settings entry is
+    (ScheduleError at import). Time zones are checked here; the default one (Django's
+    TIME_ZONE) is applied when the schedules are read."""
+    from django_dbqueue.exceptions import ScheduleError
+    from django_dbqueue.scheduling.config import declared_entry
+
+    entries = [given] if isinstance(given, Mapping) else list(given)
+    declared: list[tuple[str, dict[str, Any]]] = []
+    for given_entry in entries:
+        name, entry = declared_entry(path, given_entry)
+        if any(name == other for other, _ in declared):
+            raise ScheduleError(
+                name,
+                "declared twice on this task: give each schedule its own 'name'.",
+                where=f"@job(schedule=...) on {path}",
+            )
+        declared.append((name, entry))
+    return tuple(declared)
+
+
+def declared_schedules() -> list[tuple[str, str, dict[str, Any]]]:
+    """(task path, name, entry) of every ``@job(schedule=...)`` registered so far."""
+    return [
+        (entry.path, name, schedule)
+        for entry in list(_registry.values())
+        for name, schedule in entry.schedules
+    ]
 
 
 def register(function: Any, **defaults: Any) -> RegisteredTask:

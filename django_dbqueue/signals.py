@@ -10,5 +10,7 @@ job_started = Signal()
 job_finished = Signal()
 # sender=Job, job=Job, worker=str, exception=BaseException, will_retry=bool.
 job_failed = Signal()
+# sender=QueueState, queues=list[str]; sent on commit when running queues are paused.
+queues_paused = Signal()
 # sender=QueueState, queues=list[str]; sent on commit when paused queues are resumed.
 queues_resumed = Signal()

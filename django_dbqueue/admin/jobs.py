@@ -122,6 +122,7 @@ class JobAdmin(SchedulingAdmin, _ModelAdmin):
                     "created_at",
                     "run_after",
                     "started_at",
+                    "last_attempted_at",
                     "finished_at",
                     "duration",
                 )
@@ -191,8 +192,9 @@ class JobAdmin(SchedulingAdmin, _ModelAdmin):
 
     @admin.display(description="run time")
     def duration(self, job: Job) -> str:
-        if job.started_at and job.finished_at:
-            return f"{(job.finished_at - job.started_at).total_seconds():.3f} s"
+        started = job.attempt_started_at  # of the last attempt
+        if started and job.finished_at:
+            return f"{(job.finished_at - started).total_seconds():.3f} s"
         return "-"
 
     # -- who sees arguments and results -------------------------------------------------

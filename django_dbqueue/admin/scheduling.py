@@ -23,7 +23,7 @@ from django_dbqueue.exceptions import InvalidJob, ScheduleError
 from django_dbqueue.models import Job, ScheduleTick
 from django_dbqueue.queue.dialects import estimated_rows
 from django_dbqueue.scheduling import pausing
-from django_dbqueue.scheduling.config import schedules_from_settings
+from django_dbqueue.scheduling.config import all_schedules
 from django_dbqueue.scheduling.recurring import Schedule
 from django_dbqueue.status import FINISHED
 
@@ -55,7 +55,7 @@ class ScheduleRow:
 
 def schedule_rows(now: datetime) -> list[ScheduleRow]:
     """Each schedule with its newest tick, its next tick and its newest job's status."""
-    schedules = schedules_from_settings()
+    schedules = all_schedules()
     using = router.db_for_read(ScheduleTick)
     ticks = ScheduleTick.objects.using(using)
     newest = dict(
@@ -91,7 +91,7 @@ def enqueue_schedule_now(name: str) -> Job:
     tick still comes at its time)."""
     from django_dbqueue.enqueueing import enqueue
 
-    schedule = next((s for s in schedules_from_settings() if s.name == name), None)
+    schedule = next((s for s in all_schedules() if s.name == name), None)
     if schedule is None:
         raise Http404(f"No schedule named {name[:100]!r}.")
     using = router.db_for_write(ScheduleTick)

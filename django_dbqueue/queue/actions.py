@@ -84,6 +84,7 @@ class JobQuerySet(models.QuerySet["Job"]):
             "cancel_requested": False,
             "result": None,
             "started_at": None,
+            "last_attempted_at": None,
             "finished_at": None,
         }
         if run_now:

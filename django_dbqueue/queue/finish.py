@@ -12,7 +12,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
-from django.db.models import F
+from django.db.models import DateTimeField, F, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from django_dbqueue.conf import settings
@@ -57,12 +58,19 @@ def finish_done(model: type[Job], using: str, owner: str, jobs: Sequence[Job]) -
         meta.get_field("finished_at").get_db_prep_value(now, conn),
         meta.get_field("cancel_requested").get_db_prep_value(False, conn),
     ]
-    for name in ("started_at", "result"):
+    # started_at is the first attempt's start: written only while NULL (the supervisor
+    # may have written it while the attempt ran). last_attempted_at: later attempts only.
+    for name, template in (
+        ("started_at", "COALESCE({col}, CASE {id} {whens} ELSE NULL END)"),
+        ("last_attempted_at", "CASE {id} {whens} ELSE {col} END"),
+        ("result", "CASE {id} {whens} ELSE {col} END"),
+    ):
         field: Any = meta.get_field(name)
         rows = [(j.id, getattr(j, name)) for j in jobs if getattr(j, name) is not None]
         if rows:
             whens = " ".join(["WHEN %s THEN %s"] * len(rows))
-            assignments.append(f"{qn(name)} = CASE {qn('id')} {whens} ELSE {qn(name)} END")
+            value_sql = template.format(col=qn(name), id=qn("id"), whens=whens)
+            assignments.append(f"{qn(name)} = {value_sql}")
             for job_id, value in rows:
                 params += [job_id, field.get_db_prep_value(value, conn)]
     ids = [j.id for j in jobs]
@@ -111,14 +119,18 @@ def finish_failed_attempt(
     )
     errors = errors[-int(settings.KEEP_ERRORS) :]
     fields: dict[str, Any] = {"last_error": error, "errors": errors, "cancel_requested": False}
-    if job.started_at is not None:
-        fields["started_at"] = job.started_at
+    if job.last_attempted_at is not None:
+        fields["last_attempted_at"] = job.last_attempted_at
     if job.attempts >= job.max_attempts:
         fields.update(status=FAILED, finished_at=now, unique_key=None)
     else:
         delay = retry_delay(job.attempts, job.retry_backoff)
         fields.update(status=QUEUED, run_after=now + timedelta(seconds=delay), owner_date=None)
-    if not owned(model, using, owner).filter(id=job.id).update(**fields):
+    writes: dict[str, Any] = dict(fields)
+    if job.started_at is not None:
+        # The first attempt's start: written only while NULL.
+        writes["started_at"] = Coalesce(F("started_at"), Value(job.started_at, DateTimeField()))
+    if not owned(model, using, owner).filter(id=job.id).update(**writes):
         return None
     for name, value in fields.items():
         setattr(job, name, value)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from django.db.models import F
+from django.db.models import DateTimeField, F, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from django_dbqueue.conf import settings
@@ -32,6 +33,21 @@ def renew_leases(model: type[Job], using: str, owner: str, ids: Sequence[int]) -
     if not ids:
         return 0
     return owned(model, using, owner).filter(id__in=list(ids)).update(owner_date=timezone.now())
+
+
+def note_running(model: type[Job], using: str, owner: str, job_id: int, started: datetime) -> int:
+    """A claimed job's attempt has run since ``started``: say so in its row while it runs.
+
+    ``started_at`` keeps the first attempt's start (written only while NULL);
+    ``last_attempted_at`` gets this one's. The worker writes the same values with the
+    attempt's outcome; this write is for readers of a job that is still running.
+    """
+    when = Value(started, output_field=DateTimeField())
+    return (
+        owned(model, using, owner)
+        .filter(id=job_id)
+        .update(started_at=Coalesce(F("started_at"), when), last_attempted_at=when)
+    )
 
 
 def cancel_requested_ids(model: type[Job], using: str, owner: str, ids: Sequence[int]) -> set[int]:

@@ -8,6 +8,7 @@ database alias.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from django.db import models, router
@@ -56,6 +57,9 @@ class BaseJobManager(models.Manager["Job"]):
 
     def renew_leases(self, owner: str, ids: Sequence[int]) -> int:
         return leases.renew_leases(self.model, self._using(), owner, ids)
+
+    def note_running(self, owner: str, job_id: int, started: datetime) -> int:
+        return leases.note_running(self.model, self._using(), owner, job_id, started)
 
     def cancel_requested_ids(self, owner: str, ids: Sequence[int]) -> set[int]:
         return leases.cancel_requested_ids(self.model, self._using(), owner, ids)

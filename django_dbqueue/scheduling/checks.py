@@ -12,7 +12,12 @@ from django.core import checks
 
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import ScheduleError
-from django_dbqueue.scheduling.config import default_timezone, is_dotted_path, parse_schedule
+from django_dbqueue.scheduling.config import (
+    clash_message,
+    default_timezone,
+    is_dotted_path,
+    parse_schedule,
+)
 
 # Which check id a ScheduleError gets, by the key it is about (others: E302).
 FIELD_IDS = {
@@ -59,14 +64,7 @@ def check_schedules(
             check_id = FIELD_IDS.get(exc.field or "", "django_dbqueue.E302")
             errors.append(checks.Error(str(exc), hint=HINTS.get(check_id), id=check_id))
             continue
-        if schedule.queue is not None and schedule.queue not in queues:
-            errors.append(
-                checks.Error(
-                    f"DBQUEUE['SCHEDULE'][{name!r}]: unknown queue {schedule.queue!r}.",
-                    hint=f"Add it to DBQUEUE['QUEUES'] (now {', '.join(map(str, queues))}).",
-                    id="django_dbqueue.E304",
-                )
-            )
+        errors += _unknown_queue(f"DBQUEUE['SCHEDULE'][{name!r}]", schedule.queue, queues)
         if not registered(schedule.task):
             errors.append(
                 checks.Error(
@@ -76,4 +74,45 @@ def check_schedules(
                     id="django_dbqueue.E305",
                 )
             )
+    if is_registered is not None:  # the task modules are imported: their schedules count
+        errors += _check_declared(set(raw), queues, zone)
     return errors
+
+
+def _check_declared(taken: set[str], queues: list[str], zone: str) -> list[checks.CheckMessage]:
+    """@job(schedule=...): an unknown queue (E304), a name also used in the setting or by
+    another declaration (E306). The rest was checked when the decorator ran."""
+    from django_dbqueue import registry
+
+    try:
+        registry.discover()
+    except Exception:  # a task module that fails to import is E402's to report
+        return []
+    errors: list[checks.CheckMessage] = []
+    owners = {name: "DBQUEUE['SCHEDULE']" for name in taken}
+    for path, name, entry in registry.declared_schedules():
+        where = f"@job(schedule=...) on {path}"
+        if name in owners:
+            errors.append(
+                checks.Error(
+                    f"{where}: {clash_message(name, owners[name])}",
+                    hint="Give the decorator's schedule a 'name' of its own.",
+                    id="django_dbqueue.E306",
+                )
+            )
+            continue
+        owners[name] = where
+        try:
+            schedule = parse_schedule(name, entry, default_timezone=zone)
+        except ScheduleError as exc:  # the default time zone is applied only now
+            errors.append(checks.Error(f"{where}: {exc.message}", id="django_dbqueue.E303"))
+            continue
+        errors += _unknown_queue(f"{where} (schedule {name!r})", schedule.queue, queues)
+    return errors
+
+
+def _unknown_queue(where: str, queue: str | None, queues: list[str]) -> list[checks.CheckMessage]:
+    if queue is None or queue in queues:
+        return []
+    hint = f"Add it to DBQUEUE['QUEUES'] (now {', '.join(map(str, queues))})."
+    return [checks.Error(f"{where}: unknown queue {queue!r}.", hint=hint, id="django_dbqueue.E304")]

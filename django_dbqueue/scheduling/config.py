@@ -52,6 +52,55 @@ def schedules_from_settings() -> list[Schedule]:
     return parse_schedules(settings.SCHEDULE, default_timezone=default_timezone())
 
 
+def declared_entry(path: str, given: Any) -> tuple[str, dict[str, Any]]:
+    """One ``@job(schedule=...)`` entry of the task ``path`` as (name, settings entry),
+    checked as a settings entry is; ScheduleError saying where it was declared."""
+    where = f"@job(schedule=...) on {path}"
+    if not isinstance(given, Mapping):
+        raise ScheduleError(
+            path,
+            f"schedule must be a dict such as {{'cron': '0 3 * * *'}}, not {given!r}.",
+            None,
+            where,
+        )
+    entry = dict(given)
+    name = entry.pop("name", path)
+    if "task" in entry:
+        raise ScheduleError(name, "'task' is the decorated function: leave it out.", "task", where)
+    entry["task"] = path
+    try:
+        parse_schedule(name, entry)
+    except ScheduleError as exc:
+        raise ScheduleError(exc.name, exc.message, exc.field, where) from None
+    return name, entry
+
+
+def all_schedules() -> list[Schedule]:
+    """The schedules of ``DBQUEUE['SCHEDULE']``, then those declared with
+    ``@job(schedule=...)`` (the task modules are imported first). ScheduleError for the
+    first bad entry, or a name declared twice."""
+    from django_dbqueue import registry
+
+    registry.discover()
+    zone = default_timezone()
+    schedules = schedules_from_settings()
+    taken = {schedule.name: "DBQUEUE['SCHEDULE']" for schedule in schedules}
+    for path, name, entry in registry.declared_schedules():
+        where = f"@job(schedule=...) on {path}"
+        if name in taken:
+            raise ScheduleError(name, clash_message(name, taken[name]), None, where)
+        taken[name] = where
+        schedules.append(parse_schedule(name, entry, default_timezone=zone))
+    return schedules
+
+
+def clash_message(name: str, other: str) -> str:
+    return (
+        f"the schedule name {name!r} is taken by {other}: schedule names are unique (each "
+        "tick is recorded under its schedule's name). Rename one ('name' in the decorator)."
+    )
+
+
 def default_timezone() -> str:
     from django.conf import settings as django_settings
 

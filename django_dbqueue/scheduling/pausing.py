@@ -3,7 +3,9 @@
 The switch is a row per queue (:class:`~django_dbqueue.models.QueueState`), so it survives
 restarts and every worker on every host sees it. Workers read the paused set at most once
 per ``POLL_INTERVAL`` (:class:`PauseWatcher`), which bounds how long a busy worker keeps
-claiming from a queue after it was paused; resuming wakes idle workers at once.
+claiming from a queue after it was paused. With a wake-up channel (worker/wakeup.py) a
+pause or resume is also announced on commit: every worker re-reads the paused set before
+its next claim, and idle ones wake to do so.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import time
 from collections.abc import Sequence
 
 from django.db import router, transaction
+from django.dispatch import Signal
 from django.utils import timezone
 
 from django_dbqueue import signals
@@ -49,19 +52,24 @@ def _set(queue: str, paused: bool, by: str) -> bool:
         return True
 
 
+def _announce(signal: Signal, queue: str) -> None:
+    using = router.db_for_write(QueueState)
+    transaction.on_commit(lambda: signal.send(QueueState, queues=[queue]), using=using)
+
+
 def pause(queue: str, by: str = "") -> bool:
     """Stop workers claiming from ``queue``; True if it was running. Running jobs finish."""
-    return _set(queue, True, by)
+    changed = _set(queue, True, by)
+    if changed:
+        _announce(signals.queues_paused, queue)
+    return changed
 
 
 def resume(queue: str, by: str = "") -> bool:
     """Let workers claim from ``queue`` again; True if it was paused."""
     changed = _set(queue, False, by)
     if changed:
-        using = router.db_for_write(QueueState)
-        transaction.on_commit(
-            lambda: signals.queues_resumed.send(QueueState, queues=[queue]), using=using
-        )
+        _announce(signals.queues_resumed, queue)
     return changed
 
 
@@ -71,7 +79,8 @@ def paused_queues() -> set[str]:
 
 
 class PauseWatcher:
-    """Which of a worker's queues it may claim from, re-read at most every ``interval``."""
+    """Which of a worker's queues it may claim from, re-read every ``interval``, and at
+    once when a pause or resume was announced (``active(switched=True)``)."""
 
     def __init__(self, queues: Sequence[str], interval: float | None = None) -> None:
         self.queues = list(queues)
@@ -83,8 +92,8 @@ class PauseWatcher:
         self._paused = paused_queues()
         self._read_at = time.monotonic()
 
-    def active(self) -> list[str]:
-        if time.monotonic() - self._read_at >= self.interval:
+    def active(self, switched: bool = False) -> list[str]:
+        if switched or time.monotonic() - self._read_at >= self.interval:
             self.refresh()
         return [q for q in self.queues if q not in self._paused]
 

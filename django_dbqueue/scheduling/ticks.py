@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from django_dbqueue.exceptions import InvalidJob
 from django_dbqueue.models import ScheduleTick
-from django_dbqueue.scheduling.config import schedules_from_settings
+from django_dbqueue.scheduling.config import all_schedules
 from django_dbqueue.scheduling.recurring import (
     Schedule,
     Tick,
@@ -112,7 +112,7 @@ class Ticker:
     """
 
     def __init__(self, schedules: Sequence[Schedule] | None = None) -> None:
-        self.schedules = list(schedules_from_settings() if schedules is None else schedules)
+        self.schedules = list(all_schedules() if schedules is None else schedules)
         self._next_look: datetime | None = None
 
     def run_due(self, now: datetime | None = None) -> list[ScheduleTick]:

@@ -93,9 +93,8 @@ def task_result_from_job(job: Job, task: Task[..., Any] | None = None) -> TaskRe
         id=str(job.pk),
         status=status,
         enqueued_at=job.created_at,
-        # Only the latest attempt's start is stored; it serves as both.
         started_at=job.started_at,
-        last_attempted_at=job.started_at,
+        last_attempted_at=job.attempt_started_at,
         finished_at=job.finished_at,
         args=list(job.args or []),
         kwargs=dict(job.kwargs or {}),

@@ -125,8 +125,15 @@ def _error(remains: Remains, running: Running) -> tuple[str, str, bool]:
 
 
 def _record_done(remains: Remains) -> set[int]:
+    # Whether the attempt was the first is not in the log: both starts are given, and
+    # finish_done writes started_at only where it is still NULL.
     jobs = [
-        Job(id=entry.job_id, started_at=wall_time(entry.started_wall), result=entry.result)
+        Job(
+            id=entry.job_id,
+            started_at=wall_time(entry.started_wall),
+            last_attempted_at=wall_time(entry.started_wall),
+            result=entry.result,
+        )
         for entry in remains.done
     ]
     finished = Job.objects.finish_done(remains.name, jobs)
@@ -146,7 +153,7 @@ def _record_running(remains: Remains, running: Running) -> bool:
     text, error_class, counts = _error(remains, running)
     if not counts:
         return False
-    found.started_at = wall_time(running.started_wall)
+    found.note_attempt(wall_time(running.started_wall))
     kill = remains.kill
     if kill is not None and kill.reason == CANCEL and kill.job_id == found.id:
         Job.objects.cancel_claimed(remains.name, found, text)

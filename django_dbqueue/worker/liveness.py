@@ -101,7 +101,8 @@ class Keeper:
     def show_slow_jobs(self, members: Sequence[Member]) -> None:
         """Keep each member's row naming the job it runs once that has run SHOW_AFTER s,
         and nothing once it has ended: a write when a slow job starts and one when it
-        ends; fast jobs cost none."""
+        ends; fast jobs cost none. The job's own row gets its start times then too, so
+        a running job reads as started (fast ones get them with their outcome)."""
         now = time.monotonic()
         for member in members:
             running = member.slot.running()
@@ -113,7 +114,9 @@ class Keeper:
             if running is None:
                 rows.show_running(member.name, None, None)
             else:
-                rows.show_running(member.name, running.job_id, wall_time(running.started_wall))
+                started = wall_time(running.started_wall)
+                rows.show_running(member.name, running.job_id, started)
+                Job.objects.note_running(member.name, running.job_id, started)
             self._shown[member.name] = job_id
 
     def _row_of(self, member: Member) -> rows.Beat:

@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any, TypeVar
 
-from django.utils import timezone
-
 from django_dbqueue import signals
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import JobCancelled, RetryJob, UnregisteredTask, WorkerShutdown
@@ -38,7 +36,7 @@ from django_dbqueue.worker.connections import (
     retry_transient,
 )
 from django_dbqueue.worker.execution import call_job, time_limit
-from django_dbqueue.worker.liveness import SHOW_AFTER, HeartbeatThread, recover
+from django_dbqueue.worker.liveness import SHOW_AFTER, HeartbeatThread, recover, wall_time
 from django_dbqueue.worker.slots import Slot, SlotTable
 
 logger = logging.getLogger("django_dbqueue.worker")
@@ -207,12 +205,29 @@ class Worker:
             self._run_batch(jobs)
             self._flush(force=True)
 
-    def _idle(self, poll_sleep: float) -> None:
-        """Wait for a wake-up notification, or for the next poll when there is none."""
+    def _listen(self) -> float:
+        """Open the wake-up listener if there is none (retried every 30 s); returns now."""
         now = time.monotonic()
         if self._listener is None and now >= self._listen_retry_at:
             self._listener = wakeup.listen(self.queues)
             self._listen_retry_at = now + 30
+        return now
+
+    def _switched(self) -> bool:
+        """Was one of our queues paused or resumed since the last claim (as far as the
+        wake-up channel says; without one, the PauseWatcher's interval decides)?"""
+        self._listen()
+        if self._listener is None:
+            return False
+        try:
+            return self._listener.switched()
+        except Exception as exc:
+            self._listener_failed(exc)
+            return True  # it may have missed a pause: read the paused set again
+
+    def _idle(self, poll_sleep: float) -> None:
+        """Wait for a wake-up notification, or for the next poll when there is none."""
+        now = self._listen()
         if self._listener is None:
             self.stopping.wait(poll_sleep)
             return
@@ -225,13 +240,16 @@ class Worker:
                 if self._listener.wait(min(left, 0.25)):
                     return
         except Exception as exc:
-            logger.warning(
-                "Worker %s: wake-up listener failed (%s); polling for now",
-                self.name,
-                exc,
-                extra=self._extra("wakeup_error"),
-            )
-            self._close_listener()
+            self._listener_failed(exc)
+
+    def _listener_failed(self, exc: Exception) -> None:
+        logger.warning(
+            "Worker %s: wake-up listener failed (%s); polling for now",
+            self.name,
+            exc,
+            extra=self._extra("wakeup_error"),
+        )
+        self._close_listener()
 
     def _close_listener(self) -> None:
         if self._listener is not None:
@@ -260,7 +278,7 @@ class Worker:
         limit = self.claim_size()
         if self.max_jobs is not None:
             limit = max(1, min(limit, self.max_jobs - self.stats.processed))
-        queues = self._pauses.active()
+        queues = self._pauses.active(self._switched())
         if not queues:
             return Claimed()
         jobs = Job.objects.claim(self.name, limit, queues)
@@ -299,7 +317,8 @@ class Worker:
 
     def _process(self, job: Job) -> None:
         refresh_connections()
-        job.started_at = timezone.now()
+        wall = time.time()
+        job.note_attempt(wall_time(wall))
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug(
                 "Job %s (%s) started", job.id, job.task, extra=self._extra("job_started", job)
@@ -307,7 +326,7 @@ class Worker:
         signals.job_started.send(Job, job=job, worker=self.name)
         error: BaseException | None = None
         timeout = job.timeout or self._job_timeout
-        began = self.slot.start(job.id, float(timeout) if timeout else None)
+        began = self.slot.start(job.id, float(timeout) if timeout else None, wall)
         self._running = job
         try:
             with time_limit(float(timeout) if timeout else None):
@@ -344,7 +363,8 @@ class Worker:
         The slot's log lets the supervisor record the job if this process dies before the
         write; a result too big for the log is written at once instead.
         """
-        started = job.started_at.timestamp() if job.started_at else time.time()
+        attempt = job.attempt_started_at
+        started = attempt.timestamp() if attempt is not None else time.time()
         logged = self.slot.log_done(job.id, started, job.result)
         if not logged and self._pending_done:
             self._flush(force=True)

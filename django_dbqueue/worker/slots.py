@@ -91,14 +91,15 @@ class Slot:
     def release(self, index: int) -> None:
         self._ids[index] = 0
 
-    def start(self, job_id: int, timeout: float | None) -> float:
-        """A job starts now; returns the time.monotonic() it started at."""
+    def start(self, job_id: int, timeout: float | None, wall: float | None = None) -> float:
+        """A job starts now (at ``wall``, a time.time(), when the caller has it already);
+        returns the time.monotonic() it started at."""
         h = self._h
         h.seq += 1
         h.job_id = job_id
         h.phase = RUNNING
         h.started = now = time.monotonic()
-        h.started_wall = time.time()
+        h.started_wall = time.time() if wall is None else wall
         h.deadline = now + timeout if timeout else 0.0
         h.seq += 1
         return now

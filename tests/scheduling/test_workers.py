@@ -9,15 +9,19 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.conf import settings as django_settings
+from django.test import override_settings
 from django.utils import timezone
 
 from django_dbqueue import enqueue_many
 from django_dbqueue.models import Job, ScheduleTick
 from django_dbqueue.scheduling import pausing
-from tests.support import Processes, grow_by_copying, jobs, wait_until
+from tests.support import CURRENT_VENDOR, Processes, grow_by_copying, jobs, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 
+# MariaDB and SQLite announce through Redis, PostgreSQL through NOTIFY.
+WAKE = {} if CURRENT_VENDOR == "postgresql" else {"WAKEUP_REDIS_ALIAS": "redis"}
 EVERY_SECOND = {"tick": {"task": "tests.support.jobs.noop", "every": 1}}
 
 
@@ -110,6 +114,43 @@ def test_pause_stops_claiming_within_a_poll_interval_and_resume_finishes_the_dra
     assert not Job.objects.filter(queue="emails", started_at__gt=bound).exists()
 
     pausing.resume("emails")
+    wait_until(lambda: done.count() == 2000, timeout=120)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    assert set(
+        Job.objects.filter(pk__in=[j.pk for j in created]).values_list("status", "attempts")
+    ) == {(Job.Status.DONE, 1)}
+
+
+def test_pause_reaches_busy_workers_at_once_through_the_wakeup_channel(
+    processes: Processes, worker_env: Callable[..., dict[str, str]]
+) -> None:
+    # POLL_INTERVAL 10 s: without the announcement the drain would run on for seconds.
+    created = enqueue_many(
+        {"task": jobs.sleep, "args": [0.004], "queue": "emails"} for _ in range(2000)
+    )
+    env = worker_env(**WAKE, BATCH_SIZE=10, POLL_INTERVAL=10)
+    proc = processes.run_jobs("--concurrency", "2", "--queue", "emails", env=env)
+    done = Job.objects.filter(queue="emails", status=Job.Status.DONE)
+    wait_until(lambda: done.count() >= 200, timeout=120)
+    with override_settings(DBQUEUE={**django_settings.DBQUEUE, **WAKE}):
+        pausing.pause("emails")
+    paused_at = timezone.now()
+    time.sleep(1.5)
+    count = done.count()
+    time.sleep(1.0)
+    assert done.count() == count < 2000  # nothing moves while paused
+    # The documented bound (docs/scheduling.md): the jobs already claimed, at most
+    # BATCH_SIZE of 4 ms here, plus the notification's trip; 1 s leaves room for load.
+    bound = paused_at + timedelta(seconds=1.0)
+    assert not Job.objects.filter(queue="emails", started_at__gt=bound).exists()
+
+    # Resuming is announced too: the idle workers (10 s between polls) start at once.
+    with override_settings(DBQUEUE={**django_settings.DBQUEUE, **WAKE}):
+        pausing.resume("emails")
+    resumed = time.monotonic()
+    wait_until(lambda: done.count() > count, timeout=5, interval=0.01)
+    assert time.monotonic() - resumed < 3.0
     wait_until(lambda: done.count() == 2000, timeout=120)
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)

@@ -6,6 +6,8 @@ Worker processes import them from here, so they stay at module level under their
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 from datetime import UTC, datetime
 from typing import Any
 
@@ -76,3 +78,31 @@ def on_reports() -> str:
 def without_context(value: int) -> int:
     """Not a task: tests declare it with takes_context=True, which it cannot take."""
     return value
+
+
+@task(takes_context=True)
+def attempt_times(context: TaskContext[Any, Any], failing_attempts: int = 0) -> dict[str, Any]:
+    """Fail the first ``failing_attempts`` attempts; then say what the running result read."""
+    if context.attempt <= failing_attempts:
+        raise RuntimeError(f"attempt {context.attempt} fails on purpose")
+    result = context.task_result
+    return {
+        "attempt": context.attempt,
+        "started_at": result.started_at.isoformat() if result.started_at else None,
+        "last_attempted_at": (
+            result.last_attempted_at.isoformat() if result.last_attempted_at else None
+        ),
+    }
+
+
+@task(takes_context=True)
+def wait_for_file(context: TaskContext[Any, Any], path: str, failing_attempts: int = 0) -> int:
+    """Fail the first ``failing_attempts`` attempts; then run until ``path`` exists."""
+    if context.attempt <= failing_attempts:
+        raise RuntimeError(f"attempt {context.attempt} fails on purpose")
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear")
+        time.sleep(0.02)
+    return context.attempt

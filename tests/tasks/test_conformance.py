@@ -17,7 +17,7 @@ import textwrap
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -54,7 +54,7 @@ from django_dbqueue.tasks.compat import (
     task_started,
 )
 from django_dbqueue.worker.loop import Worker
-from tests.support import Processes
+from tests.support import Processes, wait_until
 from tests.support import conformance_tasks as tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -263,6 +263,18 @@ def test_successful_task_reads_back(runner: Runner) -> None:
     assert result.finished_at is not None
     assert result.enqueued_at <= result.started_at <= result.finished_at
     assert result.last_attempted_at == result.started_at
+
+
+def test_running_task_reads_its_own_start(runner: Runner) -> None:
+    result = tasks.attempt_times.enqueue()
+    runner.run()
+    result = runner.read(result)
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    seen = result.return_value
+    assert seen["attempt"] == 1
+    assert seen["started_at"] is not None, "context.task_result while RUNNING"
+    assert seen["last_attempted_at"] == seen["started_at"]
+    assert datetime.fromisoformat(seen["started_at"]) == result.started_at
 
 
 def test_task_returning_none_succeeds(runner: Runner) -> None:
@@ -633,6 +645,38 @@ def test_result_task_survives_a_retry_and_a_cleared_unique_key() -> None:
     assert len(result.errors) == 2
 
 
+@pytest.mark.parametrize("outcome", ["succeeds", "fails"])
+def test_retried_task_keeps_the_first_start_and_the_latest(outcome: str) -> None:
+    enqueued = using(tasks.attempt_times, max_attempts=2, retry_backoff=0)
+    result = enqueued.enqueue(failing_attempts=1 if outcome == "succeeds" else 2)
+    Worker(burst=True, handle_signals=False).run()
+    result.refresh()
+    assert result.attempts == 2 and len(result.errors) == 1 + (outcome == "fails")
+    assert result.started_at is not None and result.last_attempted_at is not None
+    first_failed = datetime.fromisoformat(Job.objects.get(pk=int(result.id)).errors[0]["at"])
+    # started_at: the first attempt's start, before that attempt failed; last_attempted_at:
+    # the second's, after it.
+    assert result.enqueued_at <= result.started_at <= first_failed < result.last_attempted_at
+    assert result.finished_at is not None and result.last_attempted_at <= result.finished_at
+    if outcome == "succeeds":
+        seen = result.return_value
+        assert seen["attempt"] == 2
+        assert datetime.fromisoformat(seen["started_at"]) == result.started_at
+        assert datetime.fromisoformat(seen["last_attempted_at"]) == result.last_attempted_at
+
+
+def test_requeued_job_starts_afresh() -> None:
+    result = using(tasks.attempt_times, max_attempts=2, retry_backoff=0).enqueue(failing_attempts=1)
+    Worker(burst=True, handle_signals=False).run()
+    before = tasks.attempt_times.get_result(result.id)
+    Job.objects.filter(pk=int(result.id)).requeue()
+    Worker(burst=True, handle_signals=False).run()
+    after = tasks.attempt_times.get_result(result.id)
+    assert after.status == TaskResultStatus.SUCCESSFUL and after.attempts == 2
+    assert before.last_attempted_at is not None and after.started_at is not None
+    assert after.started_at > before.last_attempted_at, "a requeue starts a new history"
+
+
 def test_result_task_of_a_task_whose_queue_was_removed_since_is_still_the_enqueued_one() -> None:
     enqueued = tasks.on_reports.using(priority=-1)
     result = enqueued.enqueue()
@@ -685,6 +729,50 @@ def test_run_jobs_gives_back_the_enqueued_task(
     assert fetched.task == enqueued
     assert fetched.return_value["task"]["priority"] == 7
     assert fetched.return_value["task"]["run_after"] == enqueued.run_after.isoformat()  # type: ignore[union-attr]
+
+
+@pytest.mark.processes
+def test_running_tasks_read_their_start_times_while_running(
+    processes: Processes, worker_env: Callable[..., dict[str, str]], tmp_path: Path
+) -> None:
+    # Two at once under --concurrency 2: a first attempt, and a second after a failure.
+    release = tmp_path / "release"
+    first = using(tasks.wait_for_file, max_attempts=1).enqueue(str(release))
+    second = using(tasks.wait_for_file, max_attempts=2, retry_backoff=0).enqueue(
+        str(release), failing_attempts=1
+    )
+    proc = processes.run_jobs("--burst", "--concurrency", "2", env=worker_env())
+
+    def running(result: TaskResult[Any, Any], attempt: int) -> TaskResult[Any, Any] | None:
+        fetched = tasks.wait_for_file.get_result(result.id)
+        if fetched.status != TaskResultStatus.RUNNING or fetched.attempts != attempt:
+            return None
+        # Until the attempt has run SHOW_AFTER (0.5 s), the row may still show the
+        # previous attempt's start (docs/tasks.md).
+        first_start, last_start = fetched.started_at, fetched.last_attempted_at
+        if first_start is None or last_start is None:
+            return None
+        return fetched if attempt == 1 or first_start < last_start else None
+
+    one = wait_until(lambda: running(first, 1), timeout=60)
+    two = wait_until(lambda: running(second, 2), timeout=60)
+    assert one.started_at is not None and one.last_attempted_at == one.started_at
+    assert one.enqueued_at <= one.started_at <= timezone.now()
+    assert two.started_at is not None and two.last_attempted_at is not None
+    assert two.enqueued_at <= two.started_at < two.last_attempted_at <= timezone.now()
+    failed_at = datetime.fromisoformat(Job.objects.get(pk=int(second.id)).errors[0]["at"])
+    assert two.started_at <= failed_at <= two.last_attempted_at
+    release.touch()
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    for seen, result in ((one, first), (two, second)):
+        done = tasks.wait_for_file.get_result(result.id)
+        assert done.status == TaskResultStatus.SUCCESSFUL, out
+        # What the supervisor wrote while it ran is what the worker recorded after.
+        assert (done.started_at, done.last_attempted_at) == (
+            seen.started_at,
+            seen.last_attempted_at,
+        )
 
 
 @pytest.mark.processes
