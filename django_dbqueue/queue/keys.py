@@ -35,6 +35,8 @@ PARKED_UNTIL = datetime(9000, 1, 1, tzinfo=UTC)
 # Keys made runnable again per release_parked() call, and how often a process looks.
 RELEASE_KEYS_PER_CALL = 50
 RELEASE_INTERVAL = 0.2
+# The largest concurrency_limit enqueue() accepts.
+MAX_LIMIT = 1000
 
 _last_release: dict[str, float] = {}
 
@@ -158,13 +160,15 @@ def _release_key(model: type[Job], using: str, key: str, lock: bool) -> int:
         f"WHERE {qn('concurrency_key')} = %s AND {qn('status')} = %s "
         f"AND {qn('run_after')} = %s ORDER BY {qn('priority')} DESC, {qn('id')} LIMIT %s"
     )
-    if lock:
-        # A claim may hold one of these rows while it waits for the key lock we hold:
-        # waiting for it in turn would deadlock. That claim admits or parks the row
-        # itself (and flags the key again) once we commit.
-        sql += " FOR UPDATE SKIP LOCKED"
+    # A plain read, never SKIP LOCKED: a claim whose candidate read came before the
+    # park locks the row for a moment to re-check it (MariaDB releases that lock once
+    # the WHERE fails); skipping it here cleared the flag with the row still parked,
+    # and it waited forever. Jobs are parked only under the key lock we hold, so this
+    # read sees every one of them. No lock is waited for while holding the key's: the
+    # UPDATE below touches parked rows only, which no claim holds (it re-checks
+    # run_after and lets go of them).
     with conn.cursor() as cursor:
-        cursor.execute(sql, [key, QUEUED, until, 1000])
+        cursor.execute(sql, [key, QUEUED, until, MAX_LIMIT + 1])
         waiting: list[tuple[Any, ...]] = list(cursor.fetchall())
     free = max(0, (waiting[0][1] or 1) - running) if waiting else 0
     ids = [row[0] for row in waiting[:free]]
@@ -173,8 +177,9 @@ def _release_key(model: type[Job], using: str, key: str, lock: bool) -> int:
         with conn.cursor() as cursor:
             cursor.execute(
                 f"UPDATE {table} SET {qn('run_after')} = %s "  # noqa: S608
-                f"WHERE {qn('id')} IN ({placeholders(len(ids))}) AND {qn('status')} = %s",
-                [now, *ids, QUEUED],
+                f"WHERE {qn('id')} IN ({placeholders(len(ids))}) AND {qn('status')} = %s "
+                f"AND {qn('run_after')} = %s",
+                [now, *ids, QUEUED, until],
             )
     if len(waiting) <= free:
         with conn.cursor() as cursor:
