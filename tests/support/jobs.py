@@ -135,7 +135,8 @@ def slot_probe(directory: str, key: str, n: int, fail_first: bool = False) -> No
         failing = False
         if fail_first:
             try:
-                os.close(os.open(os.path.join(directory, f"failed-{key}-{n}"), os.O_CREAT | os.O_EXCL))
+                marker = os.path.join(directory, f"failed-{key}-{n}")
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
                 failing = True
             except FileExistsError:
                 pass
