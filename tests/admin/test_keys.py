@@ -4,6 +4,8 @@ right jobs are runnable."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.test import Client
 from django.urls import reverse
@@ -13,7 +15,7 @@ from django_dbqueue import enqueue
 from django_dbqueue.models import ConcurrencyKey, Job
 from django_dbqueue.queue.finish import cancel_claimed
 from django_dbqueue.queue.keys import PARKED_UNTIL, release_parked
-from tests.admin.test_jobs import login, messages_of, post_action, staff
+from tests.admin.test_jobs import CHANGELIST, login, messages_of, post_action, staff
 from tests.support import jobs
 
 pytestmark = pytest.mark.django_db
@@ -149,3 +151,41 @@ def test_a_limit_of_three_takes_back_exactly_the_freed_slots(operator: Client) -
     again = claim()
     assert len(again) == 2 and len(holding()) == 3, "two slots freed, two taken"
     assert len(parked()) == 3
+
+
+# -- the per-key page ------------------------------------------------------------------
+
+KEYS_LIST = "admin:django_dbqueue_concurrencykey_changelist"
+
+
+def test_key_page_shows_limit_holders_and_waiters_escaped(operator: Client) -> None:
+    running, first, second = full_key()
+    evil = "<script>alert('k')</script>"
+    enqueue(jobs.noop, concurrency_key=evil, concurrency_limit=3)
+    page = operator.get(reverse(KEYS_LIST)).content.decode()
+
+    row = re.search(r"customer:42</a></t[hd]>(.*?)</tr>", page, re.S)
+    assert row, page
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row.group(1))
+    assert cells == ["1", "1", "2", "2"], "limit, holding a slot, waiting, of them parked"
+    assert "<script>alert" not in page
+    assert "&lt;script&gt;alert(&#x27;k&#x27;)&lt;/script&gt;" in page
+    assert "?concurrency_key=customer%3A42" in page, "links to the key's jobs"
+
+    jobs_page = operator.get(reverse(CHANGELIST) + "?concurrency_key=customer%3A42")
+    listed = {job.pk for job in jobs_page.context["cl"].result_list}
+    assert listed == {running.pk, first.pk, second.pk}
+
+
+def test_key_page_needs_job_view_permission_and_edits_nothing(operator: Client) -> None:
+    full_key()
+    nobody = login(staff("nobody"))
+    assert nobody.get(reverse(KEYS_LIST)).status_code == 403
+    viewer = login(staff("viewer", "view_job"))
+    assert viewer.get(reverse(KEYS_LIST)).status_code == 200
+    key = ConcurrencyKey.objects.get(key=KEY)
+    change = reverse("admin:django_dbqueue_concurrencykey_change", args=[key.pk])
+    assert operator.post(change, {"key": "other"}).status_code == 403
+    delete = reverse("admin:django_dbqueue_concurrencykey_delete", args=[key.pk])
+    assert operator.post(delete, {"post": "yes"}).status_code == 403
+    assert ConcurrencyKey.objects.get(pk=key.pk).key == KEY
