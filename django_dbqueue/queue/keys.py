@@ -189,3 +189,35 @@ def _release_key(model: type[Job], using: str, key: str, lock: bool) -> int:
                 [False, key],
             )
     return len(ids)
+
+
+def prune_keys(using: str, batch_size: int, max_seconds: float | None = None) -> int:
+    """Delete the rows of keys no queued or claimed job uses; returns how many.
+
+    Part of retention (once per RETENTION_INTERVAL across the cluster), after the old
+    jobs are gone: deleting a key row when its last job finishes would add a write to
+    every finish of a keyed job, for rows that cost nothing while they wait. Each row is
+    deleted by primary key with the check in the same statement, never flagged rows.
+    A job enqueued meanwhile finds its key's row gone: the claim makes it again
+    (:func:`_lock_key`), so a row deleted a moment too early costs one INSERT.
+    """
+    from django.db.models import Exists, OuterRef
+
+    from django_dbqueue.models import ConcurrencyKey, Job
+
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
+    keys = ConcurrencyKey.objects.using(using)
+    active = Job.objects.using(using).filter(
+        concurrency_key=OuterRef("key"), status__in=[QUEUED, CLAIMED]
+    )
+    deleted, last = 0, 0
+    while deadline is None or time.monotonic() < deadline:
+        ids = list(
+            keys.filter(id__gt=last).order_by("id").values_list("id", flat=True)[:batch_size]
+        )
+        if not ids:
+            break
+        last = ids[-1]
+        count, _ = keys.filter(id__in=ids, parked=False).filter(~Exists(active)).delete()
+        deleted += count
+    return deleted
