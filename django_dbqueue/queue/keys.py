@@ -39,6 +39,7 @@ RELEASE_INTERVAL = 0.2
 MAX_LIMIT = 1000
 
 _last_release: dict[str, float] = {}
+_release_cursor: dict[str, str] = {}  # per database: the last key a full call looked at
 
 
 def _lock_key(conn: BaseDatabaseWrapper, key: str, lock: bool) -> None:
@@ -135,12 +136,15 @@ def release_parked(model: type[Job], using: str, lock: bool, force: bool = False
     _last_release[using] = now_mono
     from django_dbqueue.models import ConcurrencyKey
 
-    keys = list(
-        ConcurrencyKey.objects.using(using)
-        .filter(parked=True)
-        .order_by("key")
-        .values_list("key", flat=True)[:RELEASE_KEYS_PER_CALL]
-    )
+    # Round the flagged keys: a call starts after the last key the previous one looked
+    # at, so with more flagged keys than RELEASE_KEYS_PER_CALL none waits on the others.
+    flagged = ConcurrencyKey.objects.using(using).filter(parked=True).order_by("key")
+    after = _release_cursor.get(using, "")
+    keys = list(flagged.filter(key__gt=after).values_list("key", flat=True)[:RELEASE_KEYS_PER_CALL])
+    if len(keys) < RELEASE_KEYS_PER_CALL and after:
+        more = flagged.filter(key__lte=after).values_list("key", flat=True)
+        keys += list(more[: RELEASE_KEYS_PER_CALL - len(keys)])
+    _release_cursor[using] = keys[-1] if len(keys) == RELEASE_KEYS_PER_CALL else ""
     released = 0
     for key in keys:
         with write_transaction(using):

@@ -237,3 +237,27 @@ def test_a_key_whose_row_was_pruned_meanwhile_keeps_its_limit() -> None:
     Job.objects.filter(pk__in=[j.pk for j in jobs_]).update(status=S.QUEUED)
     assert len(claim()) == 1, "the claim makes the key's row again and counts"
     assert ConcurrencyKey.objects.get(key="late").parked
+
+
+@pytest.mark.django_db
+def test_release_takes_turns_over_more_flagged_keys_than_one_call_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from django_dbqueue.queue import keys as keys_module
+
+    monkeypatch.setattr(keys_module, "RELEASE_KEYS_PER_CALL", 2)
+    monkeypatch.setattr(keys_module, "_release_cursor", {})
+    for key in "abc":
+        for _ in range(3):
+            enqueue(jobs.noop, concurrency_key=key)
+    assert len(claim()) == 3
+    Job.objects.filter(status=S.CLAIMED).update(status=S.DONE)
+
+    def runnable() -> list[str]:
+        queued = Job.objects.filter(status=S.QUEUED).exclude(run_after=PARKED_UNTIL)
+        return sorted(queued.values_list("concurrency_key", flat=True))
+
+    assert release_parked(Job, "default", lock=False, force=True) == 2
+    assert runnable() == ["a", "b"]
+    release_parked(Job, "default", lock=False, force=True)
+    assert "c" in runnable(), "the next call starts after b, not at a again"
