@@ -208,6 +208,16 @@ def build_job(
     )
 
 
+def format_concurrency_key(template: str, args: Any, kwargs: Any) -> str:
+    """A ``@job``/``@task`` concurrency_key template formatted with a call's arguments."""
+    try:
+        return template.format(*(args or ()), **(kwargs or {}))
+    except (IndexError, KeyError, ValueError, AttributeError) as exc:
+        raise InvalidJob(
+            f"concurrency_key {template!r} cannot be formatted with this job's arguments: {exc!r}."
+        ) from None
+
+
 def _concurrency(
     task_defaults: Mapping[str, Any],
     key: str | None,
@@ -218,14 +228,7 @@ def _concurrency(
     """(concurrency_key, concurrency_limit): the given ones, else the task's defaults,
     whose key is a format string over the job's arguments."""
     if key is None and task_defaults.get("concurrency_key") is not None:
-        template = str(task_defaults["concurrency_key"])
-        try:
-            key = template.format(*(args or ()), **(kwargs or {}))
-        except (IndexError, KeyError, ValueError, AttributeError) as exc:
-            raise InvalidJob(
-                f"concurrency_key {template!r} cannot be formatted with this job's "
-                f"arguments: {exc!r}."
-            ) from None
+        key = format_concurrency_key(str(task_defaults["concurrency_key"]), args, kwargs)
     if limit is None:
         limit = task_defaults.get("concurrency_limit")
     if key is None:

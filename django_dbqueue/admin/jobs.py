@@ -130,7 +130,19 @@ class JobAdmin(SchedulingAdmin, _ModelAdmin):
         ),
         ("Worker", {"fields": ("owner", "owner_date", "cancel_requested")}),
         ("Errors", {"fields": ("last_error_display", "errors_display")}),
-        ("Options", {"fields": ("max_attempts", "timeout", "retry_backoff", "unique_key")}),
+        (
+            "Options",
+            {
+                "fields": (
+                    "max_attempts",
+                    "timeout",
+                    "retry_backoff",
+                    "unique_key",
+                    "concurrency_key",
+                    "concurrency_limit",
+                )
+            },
+        ),
     )
     # Every field is read-only: jobs change state only through the operations.
     readonly_fields = flatten_fieldsets(fieldsets)

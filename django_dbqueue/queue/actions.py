@@ -14,10 +14,12 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, models, transaction
+from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from django_dbqueue.queue.claim import CLAIM_ORDER
 from django_dbqueue.queue.dialects import write_transaction
+from django_dbqueue.queue.keys import PARKED_UNTIL
 from django_dbqueue.status import CANCELLED, CLAIMED, DONE, FAILED, FINISHED, QUEUED
 
 if TYPE_CHECKING:
@@ -87,8 +89,15 @@ class JobQuerySet(models.QuerySet["Job"]):
             "last_attempted_at": None,
             "finished_at": None,
         }
-        if run_now:
-            fields["run_after"] = timezone.now()
+        now = timezone.now()
+        # A job cancelled while parked over its key's limit still has run_after in year
+        # 9000, and no key flag would ever release it: it runs now (the claim parks it
+        # again if its key is full).
+        fields["run_after"] = (
+            now
+            if run_now
+            else Case(When(run_after__gte=PARKED_UNTIL, then=Value(now)), default=F("run_after"))
+        )
         requeueable = self.filter(status__in=[FAILED, CANCELLED, DONE])
         report = RequeueReport(requeued=requeueable.filter(origin_unique_key=None).update(**fields))
         keyed = requeueable.exclude(origin_unique_key=None).order_by("pk")

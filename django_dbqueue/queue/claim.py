@@ -246,12 +246,16 @@ def _lock_and_mark(
     sql = (
         f"SELECT {reader.columns} FROM {qn(model._meta.db_table)} "  # noqa: S608
         f"WHERE {qn('id')} IN ({placeholders(len(candidates))}) "
-        f"AND {qn('status')} = %s"
+        f"AND {qn('status')} = %s AND {qn('run_after')} <= %s"
     )
     if lock:
         sql += " FOR UPDATE SKIP LOCKED"
+    # run_after again: another claim may have parked a candidate since it was read
+    # (concurrency keys); claimed here it would keep run_after in year 9000 and, given
+    # back or recovered after a crash, wait there with no key flagged to release it.
+    when = model._meta.get_field("run_after").get_db_prep_value(now, conn)
     with conn.cursor() as cursor:
-        cursor.execute(sql, [*candidates, QUEUED])
+        cursor.execute(sql, [*candidates, QUEUED, when])
         rows = cursor.fetchall()
     if not rows:
         return []

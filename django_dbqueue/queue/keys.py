@@ -35,8 +35,11 @@ PARKED_UNTIL = datetime(9000, 1, 1, tzinfo=UTC)
 # Keys made runnable again per release_parked() call, and how often a process looks.
 RELEASE_KEYS_PER_CALL = 50
 RELEASE_INTERVAL = 0.2
+# The largest concurrency_limit enqueue() accepts.
+MAX_LIMIT = 1000
 
 _last_release: dict[str, float] = {}
+_release_cursor: dict[str, str] = {}  # per database: the last key a full call looked at
 
 
 def _lock_key(conn: BaseDatabaseWrapper, key: str, lock: bool) -> None:
@@ -133,12 +136,15 @@ def release_parked(model: type[Job], using: str, lock: bool, force: bool = False
     _last_release[using] = now_mono
     from django_dbqueue.models import ConcurrencyKey
 
-    keys = list(
-        ConcurrencyKey.objects.using(using)
-        .filter(parked=True)
-        .order_by("key")
-        .values_list("key", flat=True)[:RELEASE_KEYS_PER_CALL]
-    )
+    # Round the flagged keys: a call starts after the last key the previous one looked
+    # at, so with more flagged keys than RELEASE_KEYS_PER_CALL none waits on the others.
+    flagged = ConcurrencyKey.objects.using(using).filter(parked=True).order_by("key")
+    after = _release_cursor.get(using, "")
+    keys = list(flagged.filter(key__gt=after).values_list("key", flat=True)[:RELEASE_KEYS_PER_CALL])
+    if len(keys) < RELEASE_KEYS_PER_CALL and after:
+        more = flagged.filter(key__lte=after).values_list("key", flat=True)
+        keys += list(more[: RELEASE_KEYS_PER_CALL - len(keys)])
+    _release_cursor[using] = keys[-1] if len(keys) == RELEASE_KEYS_PER_CALL else ""
     released = 0
     for key in keys:
         with write_transaction(using):
@@ -158,13 +164,15 @@ def _release_key(model: type[Job], using: str, key: str, lock: bool) -> int:
         f"WHERE {qn('concurrency_key')} = %s AND {qn('status')} = %s "
         f"AND {qn('run_after')} = %s ORDER BY {qn('priority')} DESC, {qn('id')} LIMIT %s"
     )
-    if lock:
-        # A claim may hold one of these rows while it waits for the key lock we hold:
-        # waiting for it in turn would deadlock. That claim admits or parks the row
-        # itself (and flags the key again) once we commit.
-        sql += " FOR UPDATE SKIP LOCKED"
+    # A plain read, never SKIP LOCKED: a claim whose candidate read came before the
+    # park locks the row for a moment to re-check it (MariaDB releases that lock once
+    # the WHERE fails); skipping it here cleared the flag with the row still parked,
+    # and it waited forever. Jobs are parked only under the key lock we hold, so this
+    # read sees every one of them. No lock is waited for while holding the key's: the
+    # UPDATE below touches parked rows only, which no claim holds (it re-checks
+    # run_after and lets go of them).
     with conn.cursor() as cursor:
-        cursor.execute(sql, [key, QUEUED, until, 1000])
+        cursor.execute(sql, [key, QUEUED, until, MAX_LIMIT + 1])
         waiting: list[tuple[Any, ...]] = list(cursor.fetchall())
     free = max(0, (waiting[0][1] or 1) - running) if waiting else 0
     ids = [row[0] for row in waiting[:free]]
@@ -173,8 +181,9 @@ def _release_key(model: type[Job], using: str, key: str, lock: bool) -> int:
         with conn.cursor() as cursor:
             cursor.execute(
                 f"UPDATE {table} SET {qn('run_after')} = %s "  # noqa: S608
-                f"WHERE {qn('id')} IN ({placeholders(len(ids))}) AND {qn('status')} = %s",
-                [now, *ids, QUEUED],
+                f"WHERE {qn('id')} IN ({placeholders(len(ids))}) AND {qn('status')} = %s "
+                f"AND {qn('run_after')} = %s",
+                [now, *ids, QUEUED, until],
             )
     if len(waiting) <= free:
         with conn.cursor() as cursor:
@@ -184,3 +193,35 @@ def _release_key(model: type[Job], using: str, key: str, lock: bool) -> int:
                 [False, key],
             )
     return len(ids)
+
+
+def prune_keys(using: str, batch_size: int, max_seconds: float | None = None) -> int:
+    """Delete the rows of keys no queued or claimed job uses; returns how many.
+
+    Part of retention (once per RETENTION_INTERVAL across the cluster), after the old
+    jobs are gone: deleting a key row when its last job finishes would add a write to
+    every finish of a keyed job, for rows that cost nothing while they wait. Each row is
+    deleted by primary key with the check in the same statement, never flagged rows.
+    A job enqueued meanwhile finds its key's row gone: the claim makes it again
+    (:func:`_lock_key`), so a row deleted a moment too early costs one INSERT.
+    """
+    from django.db.models import Exists, OuterRef
+
+    from django_dbqueue.models import ConcurrencyKey, Job
+
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
+    keys = ConcurrencyKey.objects.using(using)
+    active = Job.objects.using(using).filter(
+        concurrency_key=OuterRef("key"), status__in=[QUEUED, CLAIMED]
+    )
+    deleted, last = 0, 0
+    while deadline is None or time.monotonic() < deadline:
+        ids = list(
+            keys.filter(id__gt=last).order_by("id").values_list("id", flat=True)[:batch_size]
+        )
+        if not ids:
+            break
+        last = ids[-1]
+        count, _ = keys.filter(id__in=ids, parked=False).filter(~Exists(active)).delete()
+        deleted += count
+    return deleted

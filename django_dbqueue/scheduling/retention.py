@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Duty, Job
+from django_dbqueue.queue.keys import prune_keys
 from django_dbqueue.scheduling.ticks import prune_ticks
 from django_dbqueue.status import CANCELLED, DONE, FAILED
 
@@ -163,8 +164,13 @@ def prune_if_due(max_seconds: float = 0.5) -> int | None:
     interval = float(settings.RETENTION_INTERVAL)
     if not claim_duty(PRUNE_DUTY, interval, now):
         return None
+    started = time.monotonic()
     deleted, complete = prune(cutoffs(retention_policy(), now), max_seconds=max_seconds)
     prune_ticks(now)
+    # Concurrency keys no waiting or running job uses, in what is left of the turn.
+    left = max(0.0, max_seconds - (time.monotonic() - started))
+    if complete and left > 0:
+        prune_keys(router.db_for_write(Job), int(settings.PRUNE_BATCH_SIZE), max_seconds=left)
     using = router.db_for_write(Duty)
     update: dict[str, object] = {"last_result": f"deleted {deleted}"}
     if not complete:

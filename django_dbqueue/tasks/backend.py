@@ -47,7 +47,8 @@ class DBQueueTask(GenericTask[P, T]):
     """A Task with the queue's own per-task options; the backend's ``task_class``.
 
     ``@task(max_attempts=5, timeout=30)`` on the backport and Django 6.1+; on every
-    version ``my_task.using(max_attempts=5, unique_key=f"report:{pk}")``. ``None``
+    version ``my_task.using(max_attempts=5, unique_key=f"report:{pk}")`` (and
+    ``concurrency_key``/``concurrency_limit``). ``None``
     means the ``DBQUEUE`` default (``MAX_ATTEMPTS``, ``JOB_TIMEOUT``, ``RETRY_BACKOFF``).
     """
 
@@ -57,6 +58,10 @@ class DBQueueTask(GenericTask[P, T]):
     # While a job with this key waits or runs, enqueue() returns its result instead
     # of adding another job.
     unique_key: str | None = None
+    # At most concurrency_limit (default 1) jobs of this key run at once; the key is a
+    # format string over the call's arguments, like @job's (docs/concurrency.md).
+    concurrency_key: str | None = None
+    concurrency_limit: int | None = None
 
     def using(
         self,
@@ -69,6 +74,8 @@ class DBQueueTask(GenericTask[P, T]):
         timeout: float | None = None,
         retry_backoff: float | None = None,
         unique_key: str | None = None,
+        concurrency_key: str | None = None,
+        concurrency_limit: int | None = None,
         **other: Any,
     ) -> Self:
         """A copy with other defaults; ``other`` passes on options of newer Django versions."""
@@ -82,6 +89,8 @@ class DBQueueTask(GenericTask[P, T]):
             "timeout": timeout,
             "retry_backoff": retry_backoff,
             "unique_key": unique_key,
+            "concurrency_key": concurrency_key,
+            "concurrency_limit": concurrency_limit,
         }
         # Not super().using(): slots=True dataclasses break zero-argument super().
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
@@ -116,7 +125,7 @@ class DBQueueBackend(BaseTaskBackend):
         self._validate_for_framework(task)
         try:
             # The same checks enqueue() makes, without writing anything.
-            self._build_job(task, [], {})
+            self._build_job(task, [], {}, declaring=True)
         except InvalidJob as exc:
             raise InvalidTask(f"Task {task.module_path}: {exc}") from None
 
@@ -129,16 +138,25 @@ class DBQueueBackend(BaseTaskBackend):
             )
         super().validate_task(task)
 
-    def _build_job(self, task: Task[..., Any], args: Sequence[Any], kwargs: Any) -> Job:
-        from django_dbqueue.enqueueing import build_job
+    def _build_job(
+        self, task: Task[..., Any], args: Sequence[Any], kwargs: Any, declaring: bool = False
+    ) -> Job:
+        """The Job for ``task`` called with ``args``/``kwargs``, unsaved. ``declaring``:
+        no call yet, so a concurrency_key template is checked as it is, not formatted."""
+        from django_dbqueue.enqueueing import build_job, format_concurrency_key
 
         options: dict[str, Any] = {}
         if isinstance(task, DBQueueTask):
+            key = task.concurrency_key
+            if key is not None and not declaring:
+                key = format_concurrency_key(key, args, kwargs)
             options = {
                 "max_attempts": task.max_attempts,
                 "timeout": task.timeout,
                 "retry_backoff": task.retry_backoff,
                 "unique_key": task.unique_key,
+                "concurrency_key": key,
+                "concurrency_limit": task.concurrency_limit,
             }
         # By path, unchecked: validate_task() runs while the task's module is still being
         # imported, before the Task is in it; enqueue() checks it with _declared().

@@ -89,13 +89,25 @@ def bench_enqueue_bulk(count: int) -> float:
     return _rate(count, time.perf_counter() - started)
 
 
-def bench_drain(count: int, workers: int, batch_size: int | None, job_ms: float = 0) -> float:
+def bench_drain(
+    count: int,
+    workers: int,
+    batch_size: int | None,
+    job_ms: float = 0,
+    keys: int = 0,
+    key_limit: int = 1,
+) -> float:
     """Enqueue ``count`` jobs (no-op, or sleeping ``job_ms``), then time ``workers``
-    processes draining them."""
-    if job_ms:
-        enqueue_many({"task": sleep_ms, "args": [job_ms]} for _ in range(count))
-    else:
-        enqueue_many({"task": noop} for _ in range(count))
+    processes draining them. ``keys``: the jobs take turns over that many concurrency
+    keys, at most ``key_limit`` of each running at once (docs/concurrency.md)."""
+
+    def spec(n: int) -> dict[str, Any]:
+        one: dict[str, Any] = {"task": sleep_ms, "args": [job_ms]} if job_ms else {"task": noop}
+        if keys:
+            one.update(concurrency_key=f"bench:{n % keys}", concurrency_limit=key_limit)
+        return one
+
+    enqueue_many(spec(n) for n in range(count))
     options: dict[str, Any] = {"burst": True, "batch_size": batch_size}
     started = time.perf_counter()
     stats = Supervisor(workers, options).run()

@@ -200,3 +200,64 @@ def test_a_parked_job_can_be_cancelled_by_the_operator() -> None:
     assert Job.objects.filter(pk=waiting.pk).cancel() == (1, 0)  # type: ignore[attr-defined]
     assert release_parked(Job, "default", lock=False, force=True) == 0
     assert not ConcurrencyKey.objects.get(key="k").parked
+
+
+@pytest.mark.django_db
+def test_retention_deletes_the_rows_of_keys_no_waiting_or_running_job_uses() -> None:
+    from django_dbqueue.queue.keys import prune_keys
+    from django_dbqueue.scheduling.retention import prune_if_due
+
+    finished = enqueue(jobs.noop, concurrency_key="finished")
+    Job.objects.filter(pk=finished.pk).update(status=S.DONE, finished_at=timezone.now())
+    enqueue(jobs.noop, concurrency_key="running")
+    enqueue(jobs.noop, concurrency_key="running")  # parked behind it
+    enqueue(jobs.noop, concurrency_key="waiting", run_after=3600)
+    ConcurrencyKey.objects.create(key="unused")
+    assert len(claim()) == 1
+
+    assert prune_keys("default", batch_size=2) == 2, "two per batch, every batch read"
+    assert sorted(ConcurrencyKey.objects.values_list("key", flat=True)) == ["running", "waiting"]
+
+    Job.objects.filter(concurrency_key="running", status=S.CLAIMED).update(status=S.DONE)
+    release_parked(Job, "default", lock=False, force=True)
+    assert [j.concurrency_key for j in claim()] == ["running"]
+    Job.objects.filter(concurrency_key__in=["running", "waiting"]).update(status=S.DONE)
+    assert prune_if_due() == 0, "no old job to delete, but the keys go in the same turn"
+    assert not ConcurrencyKey.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_key_whose_row_was_pruned_meanwhile_keeps_its_limit() -> None:
+    from django_dbqueue.queue.keys import prune_keys
+
+    jobs_ = [enqueue(jobs.noop, concurrency_key="late") for _ in range(3)]
+    Job.objects.filter(pk__in=[j.pk for j in jobs_]).update(status=S.DONE)
+    assert prune_keys("default", batch_size=10) == 1
+    # Enqueued before the prune saw them (their ensure_keys found the row), inserted after.
+    Job.objects.filter(pk__in=[j.pk for j in jobs_]).update(status=S.QUEUED)
+    assert len(claim()) == 1, "the claim makes the key's row again and counts"
+    assert ConcurrencyKey.objects.get(key="late").parked
+
+
+@pytest.mark.django_db
+def test_release_takes_turns_over_more_flagged_keys_than_one_call_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from django_dbqueue.queue import keys as keys_module
+
+    monkeypatch.setattr(keys_module, "RELEASE_KEYS_PER_CALL", 2)
+    monkeypatch.setattr(keys_module, "_release_cursor", {})
+    for key in "abc":
+        for _ in range(3):
+            enqueue(jobs.noop, concurrency_key=key)
+    assert len(claim()) == 3
+    Job.objects.filter(status=S.CLAIMED).update(status=S.DONE)
+
+    def runnable() -> list[str]:
+        queued = Job.objects.filter(status=S.QUEUED).exclude(run_after=PARKED_UNTIL)
+        return sorted(queued.values_list("concurrency_key", flat=True))
+
+    assert release_parked(Job, "default", lock=False, force=True) == 2
+    assert runnable() == ["a", "b"]
+    release_parked(Job, "default", lock=False, force=True)
+    assert "c" in runnable(), "the next call starts after b, not at a again"

@@ -128,3 +128,28 @@ def keyed_probe(key: str, n: int, fail_first: bool = False) -> None:
     Execution.objects.create(key=f"end:{key}:{n}", pid=os.getpid())
     if failing:
         raise RuntimeError(f"first run of {key}:{n} fails")
+
+
+@job
+def slot_probe(directory: str, key: str, n: int, fail_first: bool = False) -> None:
+    """Append this run's start and end (monotonic ns, pid) to a file of this process.
+
+    With ``fail_first`` the first run of (key, n) fails after recording its end: the
+    marker file is created with O_EXCL, so exactly one run sees it missing.
+    """
+    path = os.path.join(directory, f"runs-{os.getpid()}.txt")
+    with open(path, "a") as out:
+        out.write(f"start {key} {n} {time.monotonic_ns()} {os.getpid()}\n")
+        out.flush()
+        time.sleep(0.001)
+        failing = False
+        if fail_first:
+            try:
+                marker = os.path.join(directory, f"failed-{key}-{n}")
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+                failing = True
+            except FileExistsError:
+                pass
+        out.write(f"end {key} {n} {time.monotonic_ns()} {os.getpid()}\n")
+    if failing:
+        raise RuntimeError(f"first run of {key}:{n} fails")

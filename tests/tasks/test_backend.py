@@ -336,7 +336,28 @@ def test_unique_key_returns_the_waiting_task(
     assert third.id != first.id, "the key is free again once the job finished"
 
 
+def test_concurrency_key_is_a_template_over_each_call_and_bounds_the_claim() -> None:
+    limited = task_functions.add.using(concurrency_key="sum:{0}", concurrency_limit=2)
+    results = [limited.enqueue(1, n) for n in range(3)] + [limited.enqueue(2, 0)]
+    rows = Job.objects.filter(pk__in=[int(r.id) for r in results]).order_by("pk")
+    assert [(j.concurrency_key, j.concurrency_limit) for j in rows] == [
+        ("sum:1", 2),
+        ("sum:1", 2),
+        ("sum:1", 2),
+        ("sum:2", 2),
+    ]
+    assert results[0].task == limited, "the Task as enqueued, template and all"
+    claimed = Job.objects.claim("w1", 10)
+    assert sorted(j.concurrency_key for j in claimed) == ["sum:1", "sum:1", "sum:2"]
+    with pytest.raises(InvalidTask, match="cannot be formatted with this job's arguments"):
+        task_functions.add.using(concurrency_key="sum:{x}").enqueue(1, 1)
+
+
 def test_bad_options_are_refused_when_declared() -> None:
+    with pytest.raises(InvalidTask, match="concurrency_limit needs a concurrency_key"):
+        task_functions.add.using(concurrency_limit=2)
+    with pytest.raises(InvalidTask, match="concurrency_limit must be between 1"):
+        task_functions.add.using(concurrency_key="k", concurrency_limit=0)
     with pytest.raises(InvalidTask, match="max_attempts must be an integer of at least 1"):
         task_functions.add.using(max_attempts=0)
     with pytest.raises(InvalidTask, match="timeout must be a positive number"):
@@ -352,7 +373,9 @@ def test_bad_options_are_refused_when_declared() -> None:
 
 def test_task_decorator_passes_the_backend_options_where_the_framework_does() -> None:
     def declare() -> Any:
-        return task(max_attempts=2, timeout=5.0, unique_key="k")(conformance_tasks.without_context)
+        return task(max_attempts=2, timeout=5.0, unique_key="k", concurrency_key="c:{0}")(
+            conformance_tasks.without_context
+        )
 
     if FRAMEWORK_MODULE == "django.tasks" and django.VERSION[:2] == (6, 0):
         # Django 6.0's @task takes no options but its own: .using() it is (docs/tasks.md).
@@ -362,6 +385,7 @@ def test_task_decorator_passes_the_backend_options_where_the_framework_does() ->
     declared = declare()
     assert isinstance(declared, DBQueueTask)
     assert (declared.max_attempts, declared.timeout, declared.unique_key) == (2, 5.0, "k")
+    assert declared.concurrency_key == "c:{0}"
 
 
 def test_enqueue_refuses_non_json_arguments() -> None:

@@ -96,3 +96,17 @@ def test_bench_drains_jobs_of_a_given_duration_and_names_the_machine() -> None:
 def test_bench_refuses_a_negative_job_time() -> None:
     with pytest.raises(CommandError, match="negative"):
         call_command("dbqueue_bench", "--only", "drain", "--jobs", "10", "--job-ms", "-1")
+
+
+def test_bench_drains_keyed_jobs() -> None:
+    out = StringIO()
+    call_command(
+        "dbqueue_bench",
+        *("--only", "drain", "--jobs", "200", "--workers", "2", "--keys", "10"),
+        *("--key-limit", "2", "--json"),
+        stdout=out,
+    )
+    result = json.loads(out.getvalue())
+    assert result["drain_keyed_per_s"] > 0 and "drain_per_s" not in result
+    assert (result["keys"], result["key_limit"]) == (10, 2)
+    assert not Job.objects.exists(), "the keyed jobs were drained and cleared"

@@ -44,6 +44,18 @@ class Command(BaseCommand):
             help="Drained jobs sleep this many milliseconds (default 0: no-op jobs).",
         )
         parser.add_argument(
+            "--keys",
+            type=positive_int,
+            default=None,
+            help="Drained jobs take turns over this many concurrency keys (default: none).",
+        )
+        parser.add_argument(
+            "--key-limit",
+            type=positive_int,
+            default=1,
+            help="concurrency_limit of each key with --keys (default 1).",
+        )
+        parser.add_argument(
             "--single",
             type=positive_int,
             default=2_000,
@@ -121,7 +133,25 @@ class Command(BaseCommand):
             fig["enqueue_bulk_per_s"] = bench.bench_enqueue_bulk(options["bulk"])
             say(f"  enqueue_many:          {fig['enqueue_bulk_per_s']:,.0f} jobs/s")
             bench.clear_jobs()
-        if "drain" in parts:
+        if "drain" in parts and options["keys"]:
+            if options["key_limit"] > 1000:
+                raise CommandError("--key-limit is at most 1000.")
+            results.notes["keys"] = options["keys"]
+            results.notes["key_limit"] = options["key_limit"]
+            fig["drain_keyed_per_s"] = bench.bench_drain(
+                options["jobs"],
+                options["workers"],
+                options["batch_size"],
+                options["job_ms"],
+                keys=options["keys"],
+                key_limit=options["key_limit"],
+            )
+            say(
+                f"  drain, {options['keys']} keys, limit {options['key_limit']}: "
+                f"{fig['drain_keyed_per_s']:,.0f} jobs/s"
+            )
+            bench.clear_jobs()
+        elif "drain" in parts:
             fig["drain_per_s"] = bench.bench_drain(
                 options["jobs"], options["workers"], options["batch_size"], options["job_ms"]
             )
