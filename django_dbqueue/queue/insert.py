@@ -62,6 +62,7 @@ class OneRowInsert:
         ``json_text`` where given), every other column its default."""
         params: list[Any] = []
         adapt_datetime = self.conn.ops.adapt_datetimefield_value
+        adapted: tuple[Any, Any] = (None, None)  # run_after and created_at: often one "now"
         for name in self.names:
             if name in json_text:
                 params.append(json_text[name])
@@ -75,7 +76,9 @@ class OneRowInsert:
                     else:
                         params.append(json.dumps(value))
                 elif value is not None and name in self.datetimes:
-                    params.append(adapt_datetime(value))
+                    if adapted[0] is not value:
+                        adapted = (value, adapt_datetime(value))
+                    params.append(adapted[1])
                 else:
                     params.append(value)
             elif name in self.constants:

@@ -81,7 +81,7 @@ WOKEN = "_dbqueue_woken"
 def notify_args(using: str, queue: str) -> tuple[str, str] | None:
     """(channel, payload) for the ``pg_notify`` of an INSERT into ``using`` of a job due
     now on ``queue``, or None where the wake-up is not PostgreSQL's."""
-    if not settings.WAKEUP or connections[using].vendor != "postgresql":
+    if connections[using].vendor != "postgresql" or not settings.WAKEUP:
         return None
     if using != _job_database():
         return None

@@ -36,6 +36,7 @@ def statements() -> Iterator[list[str]]:
 @pytest.mark.parametrize("atomic", [False, True], ids=["autocommit", "atomic"])
 def test_enqueue_is_one_statement(transactional_db: None, atomic: bool, unique: bool) -> None:
     options = {"unique_key": "one-statement"} if unique else {}
+    connection.ensure_connection()  # connecting runs statements of its own (MySQL)
     with statements() as seen:
         if atomic:
             with transaction.atomic():
@@ -50,6 +51,7 @@ def test_enqueue_is_one_statement(transactional_db: None, atomic: bool, unique: 
 
 def test_a_taken_unique_key_costs_one_insert_and_one_read() -> None:
     first = enqueue(jobs.noop, unique_key="taken")
+    connection.ensure_connection()
     with statements() as seen:
         again = enqueue(jobs.noop, unique_key="taken")
     assert again.pk == first.pk
