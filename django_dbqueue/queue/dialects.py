@@ -97,7 +97,7 @@ def insert_rows(
 
     - PostgreSQL: ``INSERT ... SELECT ... FROM unnest(%s, %s, ...)``, one array per
       column that varies (server-side binding: the arrays are not rendered into the SQL).
-    - MariaDB: ``INSERT ... SELECT ... FROM JSON_TABLE(%s, ...)``, the varying columns of
+    - MariaDB 10.6+: ``INSERT ... SELECT ... FROM JSON_TABLE(%s, ...)``, the varying columns of
       all rows in one JSON parameter (mysqlclient escapes each parameter in Python: one
       big one instead of one per value), in chunks under ``max_allowed_packet``.
     - SQLite and MySQL: multi-row ``VALUES``, with ``RETURNING`` where it exists.
@@ -111,7 +111,7 @@ def insert_rows(
                 conn, table, fields, columns, rows[start : start + batch_size]
             )
         return new_ids
-    if conn.vendor == "mysql" and conn.mysql_is_mariadb:  # type: ignore[attr-defined]
+    if has_json_table_insert(conn):
         for start in range(0, len(rows), batch_size):
             new_ids += _insert_json_table(
                 conn, table, fields, columns, rows[start : start + batch_size]
@@ -132,6 +132,16 @@ def insert_rows(
             if returning:
                 new_ids += [row[0] for row in cursor.fetchall()]
     return new_ids if returning else None
+
+
+def has_json_table_insert(conn: BaseDatabaseWrapper) -> bool:
+    """``INSERT ... SELECT ... FROM JSON_TABLE(...) RETURNING``: MariaDB 10.6+ (MySQL 8
+    has JSON_TABLE but no RETURNING; MariaDB 10.5 has RETURNING but no JSON_TABLE)."""
+    return (
+        conn.vendor == "mysql"
+        and conn.mysql_is_mariadb  # type: ignore[attr-defined]
+        and conn.mysql_version >= (10, 6)  # type: ignore[attr-defined]
+    )
 
 
 def _varying(rows: list[list[Any]]) -> list[bool]:
