@@ -32,6 +32,8 @@ class OneRowInsert:
 
     def __init__(self, model: type[Job], conn: BaseDatabaseWrapper) -> None:
         self.conn = conn
+        # The last datetime adapted for the driver, and what it became.
+        self.adapted: tuple[Any, Any] = (None, None)
         self.fields = [f for f in model._meta.concrete_fields if not f.primary_key]
         self.names = [f.attname for f in self.fields]
         self.json = frozenset(f.attname for f in self.fields if isinstance(f, JSONField))
@@ -62,7 +64,7 @@ class OneRowInsert:
         ``json_text`` where given), every other column its default."""
         params: list[Any] = []
         adapt_datetime = self.conn.ops.adapt_datetimefield_value
-        adapted: tuple[Any, Any] = (None, None)  # run_after and created_at: often one "now"
+        adapted = self.adapted  # run_after and created_at: one "now" for many jobs
         for name in self.names:
             if name in json_text:
                 params.append(json_text[name])
@@ -79,6 +81,7 @@ class OneRowInsert:
                     if adapted[0] is not value:
                         adapted = (value, adapt_datetime(value))
                     params.append(adapted[1])
+                    self.adapted = adapted
                 else:
                     params.append(value)
             elif name in self.constants:
