@@ -55,7 +55,8 @@ class Defaults(NamedTuple):
         )
 
 
-# Fields whose default is a callable (timezone.now, list, dict): called for each job.
+# Field defaults: constants are copied into each job; callables (timezone.now, list,
+# dict) are called for each job that does not set the field.
 _CONSTANT_DEFAULTS = {
     f.attname: f.get_default()
     for f in Job._meta.concrete_fields
