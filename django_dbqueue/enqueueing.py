@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
 from django.db import IntegrityError, OperationalError, connections, router, transaction
+from django.db.models.base import ModelState
 from django.utils import timezone
 
 from django_dbqueue import bounds, signals
@@ -16,8 +17,10 @@ from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import InvalidJob, InvalidJobArguments
 from django_dbqueue.models import Job
 from django_dbqueue.queue.dialects import is_deadlock
+from django_dbqueue.queue.insert import JSON_TEXT, insert_one, json_text
 from django_dbqueue.queue.keys import ensure_keys
 from django_dbqueue.registry import path_for_enqueue
+from django_dbqueue.worker import wakeup
 
 
 @dataclass
@@ -52,23 +55,42 @@ class Defaults(NamedTuple):
         )
 
 
-# Job(*values) in field order skips the keyword handling of Model.__init__, which is most
-# of the cost of building a job in enqueue_many().
-_FIELDS = [f.attname for f in Job._meta.concrete_fields]
-_DEFAULTS = {f.attname: f.get_default() for f in Job._meta.concrete_fields}
+# Field defaults: constants are copied into each job; callables (timezone.now, list,
+# dict) are called for each job that does not set the field.
+_CONSTANT_DEFAULTS = {
+    f.attname: f.get_default()
+    for f in Job._meta.concrete_fields
+    if not (f.has_default() and callable(f.default))
+}
+_CALLABLE_DEFAULTS = [
+    (f.attname, f.get_default)
+    for f in Job._meta.concrete_fields
+    if f.has_default() and callable(f.default)
+]
 TASK_PATH_MAX = Job._meta.get_field("task").max_length or 255
 
 
 def new_job(values: dict[str, Any]) -> Job:
-    """An unsaved Job from field values (unvalidated: for code that built them itself)."""
-    model: Any = Job  # positional construction is beyond what the type stubs describe
-    return model(*[values[name] if name in values else _DEFAULTS[name] for name in _FIELDS])  # type: ignore[no-any-return]
+    """An unsaved Job from field values (unvalidated: for code that built them itself).
+
+    Built as ``Model.from_db`` builds rows, without ``Model.__init__``'s keyword handling
+    (most of the cost of a job object): the attributes are set directly.
+    """
+    job = Job.__new__(Job)
+    attrs = job.__dict__
+    attrs.update(_CONSTANT_DEFAULTS)
+    for name, default in _CALLABLE_DEFAULTS:
+        if name not in values:
+            attrs[name] = default()
+    attrs.update(values)
+    job._state = ModelState()
+    return job
 
 
-def _check_json(value: list[Any] | dict[str, Any], what: str) -> tuple[Any, int]:
-    """(the value as the job will receive it, the length of its JSON text)."""
+def _check_json(value: list[Any] | dict[str, Any], what: str) -> tuple[Any, str]:
+    """(the value as the job will receive it, its JSON text)."""
     if not value:
-        return type(value)(), 2
+        return type(value)(), "[]" if isinstance(value, list) else "{}"
     try:
         # Round-trip so what is stored is exactly what the job will receive
         # (tuples become lists) and NaN/Infinity, which JSON lacks, are refused.
@@ -88,7 +110,16 @@ def _check_json(value: list[Any] | dict[str, Any], what: str) -> tuple[Any, int]
             f"Job {what} contain a NUL character (\\x00), which PostgreSQL cannot store in "
             "JSON; encode binary data (e.g. base64) before enqueueing it."
         )
-    return json.loads(text), len(text)
+    items = value.values() if isinstance(value, dict) else value
+    if all(type(item) in _PLAIN for item in items):
+        # Flat plain values: the round trip would give back equal values (NaN and
+        # infinities were refused above); ``value`` is the caller's copy already.
+        return value, text
+    return json.loads(text), text
+
+
+# Exact types (not subclasses such as enums, which JSON turns into plain values).
+_PLAIN = frozenset({str, int, float, bool, type(None)})
 
 
 def _run_after(run_after: datetime | timedelta | float | int | None, now: datetime) -> datetime:
@@ -178,15 +209,16 @@ def build_job(
         not isinstance(unique_key, str) or not 0 < len(unique_key) <= 255
     ):
         raise InvalidJob("unique_key must be a string of 1 to 255 characters.")
-    job_args, args_size = _check_json(list(args), "args")
-    job_kwargs, kwargs_size = _check_json(dict(kwargs), "kwargs")
-    if args_size + kwargs_size > defaults.max_payload_bytes:
+    job_args, args_text = _check_json(list(args), "args")
+    job_kwargs, kwargs_text = _check_json(dict(kwargs), "kwargs")
+    size = len(args_text) + len(kwargs_text)
+    if size > defaults.max_payload_bytes:
         raise InvalidJob(
-            f"Job args and kwargs take {args_size + kwargs_size} bytes as JSON, more than "
+            f"Job args and kwargs take {size} bytes as JSON, more than "
             f"DBQUEUE['MAX_PAYLOAD_BYTES'] ({defaults.max_payload_bytes}). Store big data "
             "elsewhere (a model, a file) and pass its id."
         )
-    return new_job(
+    job = new_job(
         {
             "task": path,
             "args": job_args,
@@ -206,6 +238,9 @@ def build_job(
             "errors": [],
         }
     )
+    # The INSERT binds the text that was checked rather than serializing them again.
+    job.__dict__[JSON_TEXT] = {"args": (job_args, args_text), "kwargs": (job_kwargs, kwargs_text)}
+    return job
 
 
 def format_concurrency_key(template: str, args: Any, kwargs: Any) -> str:
@@ -278,29 +313,46 @@ def save_job(job: Job) -> tuple[Job, bool]:
 
 
 def _insert(job: Job, using: str) -> tuple[Job, bool]:
-    if job.unique_key is None:
-        job.save(using=using, force_insert=True)
-        return job, True
+    """One INSERT statement, in the caller's transaction or (outside one) autocommitted
+    by itself: no savepoint, no BEGIN/COMMIT of its own. On PostgreSQL the same
+    statement makes the wake-up's pg_notify (sent on commit)."""
+    conn = connections[using]
+    values = job.__dict__
+    text = json_text(job)
+    unique = job.unique_key is not None
+    due = job.run_after <= timezone.now()
+    notify = wakeup.notify_args(using, job.queue) if due else None
     # Outside a caller's transaction a deadlock between inserts of the same key (InnoDB
     # locks the duplicate's index record) can be retried: nothing else was rolled back.
     # Inside one it cannot: InnoDB rolled back the caller's whole transaction.
-    retry_deadlocks = not connections[using].in_atomic_block
+    retry_deadlocks = unique and not conn.in_atomic_block
     for _ in range(5):
         try:
-            with transaction.atomic(using=using):
-                job.save(using=using, force_insert=True)
-            return job, True
+            with transaction.mark_for_rollback_on_error(using):
+                try:
+                    new_id = insert_one(Job, using, values, text, unique, notify)
+                except IntegrityError:
+                    # MySQL/MariaDB: the key is taken. The error rolled back this
+                    # statement only, so the caller's transaction goes on.
+                    if not unique or conn.vendor != "mysql":
+                        raise
+                    new_id = None
         except OperationalError as exc:
             if not (retry_deadlocks and is_deadlock(exc)):
                 raise
-            job.pk = None
             continue
-        except IntegrityError:
-            existing = Job.objects.using(using).filter(unique_key=job.unique_key).first()
-            if existing is not None:
-                return existing, False
-            # The holder of the key finished between our insert and our read: try again.
-            job.pk = None
+        if new_id is not None:
+            job.id = new_id
+            job._state.adding = False
+            job._state.db = using
+            values.pop(JSON_TEXT, None)
+            if notify is not None:
+                values[wakeup.WOKEN] = True
+            return job, True
+        existing = Job.objects.using(using).filter(unique_key=job.unique_key).first()
+        if existing is not None:
+            return existing, False
+        # The holder of the key finished between our insert and our read: try again.
     raise InvalidJob(
         f"Could not enqueue unique job {job.unique_key!r}: the key kept changing hands."
     )

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+
+if TYPE_CHECKING:
+    from django.db.models import Field
 
 
 def placeholders(count: int) -> str:
@@ -51,38 +55,75 @@ def write_transaction(using: str) -> Iterator[None]:
         connection.transaction_mode = previous  # type: ignore[attr-defined]
 
 
+def insert_one_sql(
+    conn: BaseDatabaseWrapper, table: str, columns: str, values: str, unique: bool, notify: bool
+) -> str:
+    """The one-statement INSERT of one row (``values``: its placeholders).
+
+    PostgreSQL returns the id (``RETURNING``), with ``notify`` also a
+    ``pg_notify(%s, %s)`` per inserted row: NOTIFY is transactional, so the wake-up
+    needs no statement of its own and goes out on commit. MySQL/MariaDB and SQLite
+    report the id as the cursor's ``lastrowid``, which costs nothing more.
+    ``unique``: a row that collides on a unique index is skipped, not an error
+    (``ON CONFLICT DO NOTHING``: PostgreSQL aborts a transaction on an error, so the
+    alternative is a savepoint round trip around every insert). MySQL has no such
+    clause short of ``INSERT IGNORE``, which would also swallow other errors; its
+    duplicate-key error rolls back only the statement.
+    """
+    sql = f"INSERT INTO {table} ({columns}) VALUES ({values})"  # noqa: S608
+    if unique and conn.vendor in ("postgresql", "sqlite"):
+        sql += " ON CONFLICT DO NOTHING"
+    if conn.vendor == "postgresql":
+        sql += f" RETURNING {conn.ops.quote_name('id')}"
+        if notify:
+            sql += ", pg_notify(%s, %s)"
+    elif notify:
+        raise ValueError("pg_notify exists on PostgreSQL only")
+    return sql
+
+
 def insert_rows(
     conn: BaseDatabaseWrapper,
     table: str,
-    columns: str,
+    fields: Sequence[Field[Any, Any]],
     rows: list[list[Any]],
     batch_size: int,
 ) -> list[int] | None:
-    """INSERT ``rows``; return the new ids in order, or None where the database cannot say.
+    """INSERT ``rows`` (values prepared for ``fields``, JSON as text); return the new ids
+    in order, or None where the database cannot say (MySQL).
 
-    PostgreSQL: psycopg pipelines ``executemany()`` (one parsed statement, rows streamed);
-    a many-row VALUES list would be re-parsed client-side per chunk. Elsewhere: multi-row
-    VALUES in chunks, with RETURNING where it exists (MariaDB, SQLite; not MySQL).
-    ``table`` and ``columns`` are quoted identifiers; every value goes through the driver.
+    Values go through the driver as parameters, never into the SQL text. A column whose
+    value is the same in every row of a statement is bound once:
+
+    - PostgreSQL: ``INSERT ... SELECT ... FROM unnest(%s, %s, ...)``, one array per
+      column that varies (server-side binding: the arrays are not rendered into the SQL).
+    - MariaDB 10.6+: ``INSERT ... SELECT ... FROM JSON_TABLE(%s, ...)``, the varying columns of
+      all rows in one JSON parameter (mysqlclient escapes each parameter in Python: one
+      big one instead of one per value), in chunks under ``max_allowed_packet``.
+    - SQLite and MySQL: multi-row ``VALUES``, with ``RETURNING`` where it exists.
     """
     qn = conn.ops.quote_name
-    placeholder = f"({placeholders(len(rows[0]))})"
+    columns = [qn(f.attname) for f in fields]
     new_ids: list[int] = []
+    if conn.vendor == "postgresql":
+        for start in range(0, len(rows), batch_size):
+            new_ids += _insert_unnest(
+                conn, table, fields, columns, rows[start : start + batch_size]
+            )
+        return new_ids
+    if has_json_table_insert(conn):
+        for start in range(0, len(rows), batch_size):
+            new_ids += _insert_json_table(
+                conn, table, fields, columns, rows[start : start + batch_size]
+            )
+        return new_ids
+    placeholder = f"({placeholders(len(columns))})"
+    returning = bool(conn.features.can_return_rows_from_bulk_insert)
     with conn.cursor() as cursor:
-        if conn.vendor == "postgresql":
-            sql = f"INSERT INTO {table} ({columns}) VALUES {placeholder} RETURNING {qn('id')}"  # noqa: S608
-            raw = cursor.cursor
-            raw.executemany(sql, rows, returning=True)
-            while True:
-                new_ids.append(raw.fetchone()[0])
-                if not raw.nextset():
-                    break
-            return new_ids
-        returning = bool(conn.features.can_return_rows_from_bulk_insert)
         for start in range(0, len(rows), batch_size):
             chunk = rows[start : start + batch_size]
             sql = (
-                f"INSERT INTO {table} ({columns}) VALUES "  # noqa: S608
+                f"INSERT INTO {table} ({', '.join(columns)}) VALUES "  # noqa: S608
                 f"{', '.join([placeholder] * len(chunk))}"
             )
             if returning:
@@ -91,6 +132,131 @@ def insert_rows(
             if returning:
                 new_ids += [row[0] for row in cursor.fetchall()]
     return new_ids if returning else None
+
+
+def has_json_table_insert(conn: BaseDatabaseWrapper) -> bool:
+    """``INSERT ... SELECT ... FROM JSON_TABLE(...) RETURNING``: MariaDB 10.6+ (MySQL 8
+    has JSON_TABLE but no RETURNING; MariaDB 10.5 has RETURNING but no JSON_TABLE)."""
+    return (
+        conn.vendor == "mysql"
+        and conn.mysql_is_mariadb  # type: ignore[attr-defined]
+        and conn.mysql_version >= (10, 6)  # type: ignore[attr-defined]
+    )
+
+
+def _varying(rows: list[list[Any]]) -> list[bool]:
+    """Per column: do the rows hold different values?"""
+    first = rows[0]
+    varying = [False] * len(first)
+    for row in rows:
+        for index, value in enumerate(row):
+            if not varying[index] and value != first[index]:
+                varying[index] = True
+    return varying
+
+
+def _insert_unnest(
+    conn: BaseDatabaseWrapper,
+    table: str,
+    fields: Sequence[Field[Any, Any]],
+    columns: list[str],
+    rows: list[list[Any]],
+) -> list[int]:
+    import psycopg
+    from django.db.models import JSONField
+
+    varying = _varying(rows)
+    select: list[str] = []
+    arrays: list[str] = []
+    params: list[Any] = []
+    array_params: list[Any] = []
+    for index, field in enumerate(fields):
+        is_json = isinstance(field, JSONField)
+        db_type = "text" if is_json else field.db_type(conn)
+        cast = "::jsonb" if is_json else ""
+        if varying[index]:
+            name = f"c{index}"
+            arrays.append(f"%s::{db_type}[]")
+            array_params.append([row[index] for row in rows])
+            select.append(f"u.{name}{cast}")
+        else:
+            select.append(f"%s::{db_type}{cast}")
+            params.append(rows[0][index])
+    if arrays:
+        names = ", ".join(f"c{i}" for i, v in enumerate(varying) if v)
+        source = f"unnest({', '.join(arrays)}) WITH ORDINALITY AS u({names}, n) ORDER BY u.n"
+        params += array_params
+    else:
+        source = "generate_series(1, %s) AS u(n) ORDER BY u.n"
+        params.append(len(rows))
+    sql = (
+        f"INSERT INTO {table} ({', '.join(columns)}) "  # noqa: S608
+        f"SELECT {', '.join(select)} FROM {source} RETURNING {conn.ops.quote_name('id')}"
+    )
+    conn.ensure_connection()
+    # Server-side binding: Django's cursors render parameters into the SQL text.
+    with psycopg.Cursor(conn.connection) as cursor:
+        cursor.execute(sql, params)
+        return [row[0] for row in cursor.fetchall()]
+
+
+# MariaDB's JSON_TABLE column type for each kind of field (JSON arrives as its text).
+_JSON_TABLE_TYPES = {"JSONField": "LONGTEXT", "TextField": "LONGTEXT"}
+
+
+def _insert_json_table(
+    conn: BaseDatabaseWrapper,
+    table: str,
+    fields: Sequence[Field[Any, Any]],
+    columns: list[str],
+    rows: list[list[Any]],
+) -> list[int]:
+    varying = _varying(rows)
+    document = json.dumps([[row[i] for i, v in enumerate(varying) if v] for row in rows])
+    limit = _max_packet(conn) // 2
+    if len(document) > limit and len(rows) > 1:
+        half = len(rows) // 2
+        return _insert_json_table(conn, table, fields, columns, rows[:half]) + (
+            _insert_json_table(conn, table, fields, columns, rows[half:])
+        )
+    select: list[str] = []
+    params: list[Any] = []
+    json_columns: list[str] = []
+    for index, field in enumerate(fields):
+        if varying[index]:
+            kind = _JSON_TABLE_TYPES.get(field.get_internal_type()) or field.db_type(conn)
+            path = f"$[{len(json_columns)}]"
+            json_columns.append(f"c{index} {kind} PATH '{path}' ERROR ON ERROR")
+            select.append(f"jt.c{index}")
+        else:
+            select.append("%s")
+            params.append(rows[0][index])
+    if json_columns:
+        source = f"JSON_TABLE(%s, '$[*]' COLUMNS ({', '.join(json_columns)})) AS jt"
+        params.append(document)
+    else:
+        source = "JSON_TABLE(%s, '$[*]' COLUMNS (n FOR ORDINALITY)) AS jt"
+        params.append(json.dumps([0] * len(rows)))
+    sql = (
+        f"INSERT INTO {table} ({', '.join(columns)}) "  # noqa: S608
+        f"SELECT {', '.join(select)} FROM {source} RETURNING {conn.ops.quote_name('id')}"
+    )
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
+        new_ids = [row[0] for row in cursor.fetchall()]
+    if len(new_ids) != len(rows):
+        raise RuntimeError(f"inserted {len(new_ids)} jobs of {len(rows)}")
+    return new_ids
+
+
+def _max_packet(conn: BaseDatabaseWrapper) -> int:
+    size: int | None = getattr(conn, "_dbqueue_max_packet", None)
+    if size is None:
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT @@max_allowed_packet")
+            size = int(cursor.fetchone()[0])
+        conn._dbqueue_max_packet = size  # type: ignore[attr-defined]
+    return size
 
 
 def estimated_rows(using: str, table: str) -> int | None:

@@ -1,52 +1,165 @@
-"""New rows: the multi-row INSERT behind ``enqueue_many`` (``enqueue`` uses ``Model.save``)."""
+"""New rows: the one-row INSERT behind ``enqueue`` and the multi-row one of ``enqueue_many``.
+
+Neither goes through ``Model.save`` or ``bulk_create``: the statement is built once per
+database connection and the values enqueue validated are bound as they are (the JSON
+text it already made, the columns it does not set prepared once).
+"""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import JSONField
 
-from django_dbqueue.queue.dialects import insert_rows
+from django_dbqueue.queue.dialects import insert_one_sql, insert_rows
 
 if TYPE_CHECKING:
     from django_dbqueue.models import Job
+
+# An unsaved job may carry, under this attribute, {column: (value, its JSON text)} for
+# JSON values that were serialized already (enqueue() checked the text): the INSERT binds
+# that text instead of serializing the value again.
+JSON_TEXT = "_dbqueue_json_text"
+
+
+class OneRowInsert:
+    """The INSERT of one job on one connection, and the values of the columns enqueue
+    does not set (their defaults, prepared once)."""
+
+    def __init__(self, model: type[Job], conn: BaseDatabaseWrapper) -> None:
+        self.conn = conn
+        # The last datetime adapted for the driver, and what it became.
+        self.adapted: tuple[Any, Any] = (None, None)
+        self.fields = [f for f in model._meta.concrete_fields if not f.primary_key]
+        self.names = [f.attname for f in self.fields]
+        self.json = frozenset(f.attname for f in self.fields if isinstance(f, JSONField))
+        self.datetimes = frozenset(
+            f.attname for f in self.fields if f.get_internal_type() == "DateTimeField"
+        )
+        # Defaults that are not callables (timezone.now, list, dict) are the same each time.
+        self.constants = {
+            f.attname: f.get_db_prep_save(f.get_default(), conn)
+            for f in self.fields
+            if not callable(f.default)
+        }
+        qn = conn.ops.quote_name
+        # PostgreSQL binds JSON as text with a cast (enqueue has the text already);
+        # MySQL and SQLite take JSON as text anyway.
+        cast = "::jsonb" if conn.vendor == "postgresql" else ""
+        values = ", ".join(f"%s{cast}" if n in self.json else "%s" for n in self.names)
+        self.table = table = qn(model._meta.db_table)
+        columns = ", ".join(qn(n) for n in self.names)
+        self.sql = {
+            (unique, notify): insert_one_sql(conn, table, columns, values, unique, notify)
+            for unique in (False, True)
+            for notify in ((False, True) if conn.vendor == "postgresql" else (False,))
+        }
+
+    def params(self, values: Mapping[str, Any], json_text: Mapping[str, str]) -> list[Any]:
+        """The row's parameters: ``values`` by column name (JSON columns by their text in
+        ``json_text`` where given), every other column its default."""
+        params: list[Any] = []
+        adapt_datetime = self.conn.ops.adapt_datetimefield_value
+        adapted = self.adapted  # run_after and created_at: one "now" for many jobs
+        for name in self.names:
+            if name in json_text:
+                params.append(json_text[name])
+            elif name in values:
+                value = values[name]
+                if name in self.json:
+                    if value is None:
+                        params.append(None)
+                    elif not value and type(value) in (list, dict):
+                        params.append("[]" if type(value) is list else "{}")
+                    else:
+                        params.append(json.dumps(value))
+                elif value is not None and name in self.datetimes:
+                    if adapted[0] is not value:
+                        adapted = (value, adapt_datetime(value))
+                    params.append(adapted[1])
+                    self.adapted = adapted
+                else:
+                    params.append(value)
+            elif name in self.constants:
+                params.append(self.constants[name])
+            else:
+                raise ValueError(f"no value for the job column {name!r}")
+        return params
+
+
+def _plan(model: type[Job], conn: BaseDatabaseWrapper) -> OneRowInsert:
+    # Kept on the connection (one per thread): built on its first enqueue.
+    plan: OneRowInsert | None = getattr(conn, "_dbqueue_one_row_insert", None)
+    if plan is None:
+        plan = OneRowInsert(model, conn)
+        conn._dbqueue_one_row_insert = plan  # type: ignore[attr-defined]
+    return plan
+
+
+def insert_one(
+    model: type[Job],
+    using: str,
+    values: Mapping[str, Any],
+    json_text: Mapping[str, str],
+    unique: bool,
+    notify: tuple[str, str] | None,
+) -> int | None:
+    """INSERT one job row in one statement; returns its id.
+
+    ``unique``: a row whose ``unique_key`` is taken is not inserted, and None is returned
+    (PostgreSQL and SQLite: ``ON CONFLICT DO NOTHING``; MySQL/MariaDB raise IntegrityError,
+    which rolls back that statement only). ``notify`` (PostgreSQL): the (channel, payload)
+    of a ``pg_notify`` made by the same statement for an inserted row, so it is
+    delivered when the transaction commits and dropped if it rolls back.
+    """
+    conn = connections[using]
+    plan = _plan(model, conn)
+    params = plan.params(values, json_text)
+    if notify is not None:
+        params += notify
+    with conn.cursor() as cursor:
+        cursor.execute(plan.sql[unique, notify is not None], params)
+        if conn.vendor == "postgresql":
+            row = cursor.fetchone()
+            return None if row is None else int(row[0])
+        if unique and cursor.rowcount == 0:  # SQLite: ON CONFLICT DO NOTHING
+            return None
+        return int(cursor.lastrowid)
+
+
+def json_text(job: Job) -> dict[str, str]:
+    """The JSON text enqueue made of the job's JSON values (args, kwargs), for those
+    still holding the very object it was made of."""
+    made: dict[str, tuple[Any, str]] | None = job.__dict__.get(JSON_TEXT)
+    if not made:
+        return {}
+    attrs = job.__dict__
+    return {name: text for name, (value, text) in made.items() if attrs.get(name) is value}
 
 
 def insert_many(model: type[Job], using: str, jobs: Sequence[Job], batch_size: int) -> list[Job]:
     """INSERT jobs in multi-row statements; sets their ids where the database says them.
 
-    What ``bulk_create`` does, minus its per-value overhead: values that repeat
-    (the queue, the enqueue time, an empty argument list) are prepared once.
+    What ``bulk_create`` does, minus its per-value overhead: each job's values are
+    bound as enqueue prepared them (its JSON text included), and a column whose value
+    is the same in every row of a statement is bound once (:func:`.dialects.insert_rows`).
     MariaDB, PostgreSQL and SQLite return the new ids; MySQL does not, and there the
     jobs keep ``id = None``, as with ``bulk_create``.
     """
     if not jobs:
         return []
     conn = connections[using]
-    qn = conn.ops.quote_name
-    fields = [f for f in model._meta.concrete_fields if not f.primary_key]
-    columns = ", ".join(qn(f.attname) for f in fields)
-    memo: list[dict[Any, Any]] = [{} for _ in fields]
-    rows: list[list[Any]] = []
-    for job in jobs:
-        row = []
-        for index, field in enumerate(fields):
-            value = getattr(job, field.attname)
-            if isinstance(value, list | dict):
-                key = json.dumps(value) if value else type(value).__name__
-            else:
-                key = value
-            try:
-                prepared = memo[index][key]
-            except KeyError:
-                prepared = memo[index][key] = field.get_db_prep_save(value, conn)
-            row.append(prepared)
-        rows.append(row)
-    new_ids = insert_rows(conn, qn(model._meta.db_table), columns, rows, batch_size)
+    plan = _plan(model, conn)
+    rows = [plan.params(job.__dict__, json_text(job)) for job in jobs]
+    new_ids = insert_rows(conn, plan.table, plan.fields, rows, batch_size)
     if new_ids is not None:
         for job, new_id in zip(jobs, new_ids, strict=True):
             job.id = new_id
             job._state.adding, job._state.db = False, using
+    for job in jobs:
+        job.__dict__.pop(JSON_TEXT, None)
     return list(jobs)

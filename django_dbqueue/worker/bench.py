@@ -83,6 +83,16 @@ def bench_enqueue_single(count: int) -> float:
     return _rate(count, time.perf_counter() - started)
 
 
+def bench_enqueue_single_atomic(count: int) -> float:
+    """Each enqueue in its own ``transaction.atomic()``, as in a view under ATOMIC_REQUESTS."""
+    using = router.db_for_write(Job)
+    started = time.perf_counter()
+    for _ in range(count):
+        with transaction.atomic(using=using):
+            enqueue(noop)
+    return _rate(count, time.perf_counter() - started)
+
+
 def bench_enqueue_bulk(count: int) -> float:
     started = time.perf_counter()
     enqueue_many({"task": noop} for _ in range(count))

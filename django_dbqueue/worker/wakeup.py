@@ -4,9 +4,12 @@ PostgreSQL: ``LISTEN``/``NOTIFY`` on the job database. MySQL/MariaDB and SQLite:
 channel, when ``DBQUEUE['WAKEUP_REDIS_ALIAS']`` names a django-redis cache. Otherwise
 workers poll, quickly while busy and backing off to ``POLL_INTERVAL`` when idle.
 
-Notifications are sent from ``jobs_enqueued``, which fires on commit: a job that rolls
-back wakes nobody. They are only a hint; polling stays on as the safety net, so a lost
-notification delays a job by at most ``POLL_INTERVAL``.
+Notifications are sent when the enqueueing transaction commits: a job that rolls back
+wakes nobody. On PostgreSQL the INSERT itself calls ``pg_notify`` (:func:`notify_args`):
+NOTIFY is transactional, delivered on commit and dropped on rollback, so it costs no
+statement of its own. Redis is told from ``jobs_enqueued``, which fires on commit, as is
+PostgreSQL for jobs that were not due when inserted. They are only a hint; polling stays
+on as the safety net, so a lost notification delays a job by at most ``POLL_INTERVAL``.
 
 A second channel announces paused and resumed queues: a worker hears it between claims
 (:meth:`Listener.switched`, one non-blocking read) and re-reads the paused set before its
@@ -89,13 +92,27 @@ def notify(queues: Iterable[str], channel: str = CHANNEL) -> None:
         logger.warning("Could not notify workers (%s); they will find out by polling", exc)
 
 
+# A job whose INSERT made its own pg_notify carries this attribute (True).
+WOKEN = "_dbqueue_woken"
+
+
+def notify_args(using: str, queue: str) -> tuple[str, str] | None:
+    """(channel, payload) for the ``pg_notify`` of an INSERT into ``using`` of a job due
+    now on ``queue``, or None where the wake-up is not PostgreSQL's."""
+    if connections[using].vendor != "postgresql" or not settings.WAKEUP:
+        return None
+    if using != _job_database():
+        return None
+    return CHANNEL, queue
+
+
 def on_queues_switched(sender: Any, queues: list[str], **kwargs: Any) -> None:
     notify(queues, SWITCHES)
 
 
 def on_jobs_enqueued(sender: Any, jobs: list[Any], **kwargs: Any) -> None:
     now = timezone.now()
-    due = {job.queue for job in jobs if job.run_after <= now}
+    due = {job.queue for job in jobs if job.run_after <= now and not job.__dict__.get(WOKEN, False)}
     if due:
         notify(due)
 

@@ -40,6 +40,7 @@ def test_bench_reports_every_figure_as_json() -> None:
     assert report["history_rows"] == 2000
     for key in (
         "enqueue_single_per_s",
+        "enqueue_single_atomic_per_s",
         "enqueue_bulk_per_s",
         "drain_per_s",
         "drain_with_history_per_s",

@@ -68,6 +68,27 @@ def test_projects_sharing_redis_under_other_key_prefixes_do_not_wake_each_other(
             listener.close()
 
 
+def test_a_job_of_a_rolled_back_savepoint_wakes_nobody() -> None:
+    with settings_with():
+        listener = wakeup.listen(["default"])
+        assert listener is not None
+        try:
+            with transaction.atomic():
+                with pytest.raises(RuntimeError), transaction.atomic():
+                    enqueue(jobs.noop)
+                    raise RuntimeError("the inner block failed")
+                enqueue(jobs.noop, queue="emails")
+            assert not listener.wait(0.3), "the rolled-back savepoint's NOTIFY is dropped"
+            with transaction.atomic():
+                with pytest.raises(RuntimeError), transaction.atomic():
+                    enqueue(jobs.noop, queue="emails")
+                    raise RuntimeError("the inner block failed")
+                enqueue(jobs.noop)
+            assert listener.wait(2.0), "the committed job wakes us"
+        finally:
+            listener.close()
+
+
 def test_without_a_wakeup_channel_workers_poll() -> None:
     with settings_with(WAKEUP=False):
         assert wakeup.method() == "poll"

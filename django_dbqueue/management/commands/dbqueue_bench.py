@@ -130,6 +130,11 @@ class Command(BaseCommand):
             fig["enqueue_single_per_s"] = bench.bench_enqueue_single(options["single"])
             say(f"  enqueue one at a time: {fig['enqueue_single_per_s']:,.0f} jobs/s")
             bench.clear_jobs()
+            fig["enqueue_single_atomic_per_s"] = bench.bench_enqueue_single_atomic(
+                options["single"]
+            )
+            say(f"  ... each in atomic():  {fig['enqueue_single_atomic_per_s']:,.0f} jobs/s")
+            bench.clear_jobs()
             fig["enqueue_bulk_per_s"] = bench.bench_enqueue_bulk(options["bulk"])
             say(f"  enqueue_many:          {fig['enqueue_bulk_per_s']:,.0f} jobs/s")
             bench.clear_jobs()
