@@ -1,0 +1,61 @@
+"""PostgreSQL only: two indexes of dbqueue_job that every status change wrote for nothing.
+
+PostgreSQL cannot update a job's row in place (HOT) when its status changes (the status
+is indexed), so each claim and each finish adds an entry to every index of the table.
+Two of them served nobody on the hot path:
+
+- ``..._like``, the ``varchar_pattern_ops`` twin Django adds to the ``unique_key``
+  unique index for ``LIKE`` lookups: nothing looks unique keys up by prefix. Dropped.
+- ``dbq_job_concurrency`` (concurrency_key, id): most jobs have no key. Made partial
+  (``WHERE concurrency_key IS NOT NULL``): a claim's ``concurrency_key = %s`` still reads
+  it, and the rows of jobs without a key no longer enter it.
+
+The model's state is unchanged (MySQL/MariaDB and SQLite keep their indexes as they
+are: InnoDB writes a secondary index only when its columns change). See
+docs/databases.md.
+"""
+
+from typing import Any
+
+from django.db import migrations
+
+CONCURRENCY_INDEX = "dbq_job_concurrency"
+
+
+def _like_index(schema_editor: Any) -> str:
+    return str(schema_editor._create_index_name("dbqueue_job", ["unique_key"], suffix="_like"))
+
+
+def forwards(apps: Any, schema_editor: Any) -> None:
+    if schema_editor.connection.vendor != "postgresql":
+        return
+    qn = schema_editor.quote_name
+    schema_editor.execute(f"DROP INDEX IF EXISTS {qn(_like_index(schema_editor))}")
+    schema_editor.execute(f"DROP INDEX IF EXISTS {qn(CONCURRENCY_INDEX)}")
+    schema_editor.execute(
+        f"CREATE INDEX {qn(CONCURRENCY_INDEX)} ON {qn('dbqueue_job')} "
+        f"({qn('concurrency_key')}, {qn('id')}) WHERE {qn('concurrency_key')} IS NOT NULL"
+    )
+
+
+def backwards(apps: Any, schema_editor: Any) -> None:
+    if schema_editor.connection.vendor != "postgresql":
+        return
+    qn = schema_editor.quote_name
+    schema_editor.execute(f"DROP INDEX IF EXISTS {qn(CONCURRENCY_INDEX)}")
+    schema_editor.execute(
+        f"CREATE INDEX {qn(CONCURRENCY_INDEX)} ON {qn('dbqueue_job')} "
+        f"({qn('concurrency_key')}, {qn('id')})"
+    )
+    schema_editor.execute(
+        f"CREATE INDEX IF NOT EXISTS {qn(_like_index(schema_editor))} ON {qn('dbqueue_job')} "
+        f"({qn('unique_key')} varchar_pattern_ops)"
+    )
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("django_dbqueue", "0006_keys"),
+    ]
+
+    operations = [migrations.RunPython(forwards, backwards, elidable=False)]
