@@ -14,6 +14,7 @@ from django.db.models.base import ModelState
 from django.utils import timezone
 
 from django_dbqueue.queue.dialects import (
+    by_id_only,
     has_lateral_arrays,
     has_locking_reads,
     ids_in,
@@ -304,9 +305,10 @@ def _lock_and_mark(
     qn = conn.ops.quote_name
     reader = _row_reader(model, conn)
     id_sql, id_params = ids_in(conn, qn("id"), candidates)
+    queued = by_id_only(conn, f"{qn('status')} = %s")
     sql = (
         f"SELECT {reader.columns} FROM {qn(model._meta.db_table)} "  # noqa: S608
-        f"WHERE {id_sql} AND {qn('status')} = %s"
+        f"WHERE {id_sql} AND {queued}"
     )
     if lock:
         sql += " FOR UPDATE SKIP LOCKED"

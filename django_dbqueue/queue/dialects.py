@@ -27,6 +27,19 @@ def ids_in(conn: BaseDatabaseWrapper, column: str, ids: list[int]) -> tuple[str,
     return f"{column} IN ({placeholders(len(ids))})", list(ids)
 
 
+def by_id_only(conn: BaseDatabaseWrapper, condition: str) -> str:
+    """``condition`` (on a row found by id) written so the planner cannot read it from an index.
+
+    PostgreSQL plans from statistics: taken while the table held mostly finished jobs, they
+    call QUEUED and CLAIMED rare, and ``WHERE id = ANY(...) AND status = 'queued'`` then
+    walks every queued entry of a status index (and every dead one) to find a hundred ids
+    instead of looking them up by primary key. ``(...) IS TRUE`` is the same test (the
+    columns are NOT NULL) that no index answers. MySQL estimates ranges by reading the
+    index (no stale statistics) and SQLite prefers the primary key: unchanged there.
+    """
+    return f"({condition}) IS TRUE" if conn.vendor == "postgresql" else condition
+
+
 def has_locking_reads(conn: BaseDatabaseWrapper) -> bool:
     """``SELECT ... FOR UPDATE SKIP LOCKED`` exists (not on SQLite, which locks the file)."""
     return conn.vendor != "sqlite"

@@ -16,7 +16,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from django_dbqueue.conf import settings
-from django_dbqueue.queue.dialects import ids_in
+from django_dbqueue.queue.dialects import by_id_only, ids_in
 from django_dbqueue.queue.leases import owned
 from django_dbqueue.status import CANCELLED, CLAIMED, DONE, FAILED, QUEUED
 
@@ -64,21 +64,20 @@ def finish_done(model: type[Job], using: str, owner: str, jobs: Sequence[Job]) -
     # result and start time are not read from the row; only what the run set counts.)
     adapt_datetime = conn.ops.adapt_datetimefield_value
     starts = [(j.id, value) for j in jobs if (value := j.__dict__.get("started_at")) is not None]
-    joined = ""
+    id_sql, id_params = ids_in(conn, qn("id"), ids)
     if conn.vendor == "postgresql":
-        # Start times as two arrays joined to the rows: a statement of fixed text whose
+        # Start times as one array beside the ids: a statement of fixed text, whose
         # parse psycopg caches, where a CASE of 2 parameters per job is parsed anew.
-        joined = "FROM unnest(%s::bigint[], %s::timestamptz[]) AS v(job_id, started) "
-        assignments.append(f"{qn('started_at')} = COALESCE(v.started, {table}.{qn('started_at')})")
         started = dict(starts)
-        id_sql = f"{table}.{qn('id')} = v.job_id"
-        id_params: list[Any] = [ids, [started.get(job_id) for job_id in ids]]
-    else:
-        if starts:
-            assignments.append(_case(qn, "started_at", len(starts)))
-            for job_id, value in starts:
-                params += [job_id, adapt_datetime(value)]
-        id_sql, id_params = ids_in(conn, qn("id"), ids)
+        assignments.append(
+            f"{qn('started_at')} = COALESCE((%s::timestamptz[])"
+            f"[array_position(%s::bigint[], {qn('id')})], {qn('started_at')})"
+        )
+        params += [[started.get(job_id) for job_id in ids], ids]
+    elif starts:
+        assignments.append(_case(qn, "started_at", len(starts)))
+        for job_id, value in starts:
+            params += [job_id, adapt_datetime(value)]
     results = [(j.id, value) for j in jobs if (value := j.__dict__.get("result")) is not None]
     if results:
         field: Any = meta.get_field("result")
@@ -87,14 +86,12 @@ def finish_done(model: type[Job], using: str, owner: str, jobs: Sequence[Job]) -
             params += [job_id, field.get_db_prep_value(value, conn)]
     # Only quoted column names and %s placeholders are formatted in; every value
     # goes through the driver's parameters.
+    guard = by_id_only(conn, f"{qn('status')} = %s AND {qn('owner')} = %s")
     sql = (
-        f"UPDATE {table} SET {', '.join(assignments)} {joined}"  # noqa: S608
-        f"WHERE {id_sql} AND {table}.{qn('status')} = %s AND {table}.{qn('owner')} = %s"
+        f"UPDATE {table} SET {', '.join(assignments)} "  # noqa: S608
+        f"WHERE {id_sql} AND {guard}"
     )
-    if joined:  # the FROM's arrays come before the SET's CASE parameters
-        args = [*params[:3], *id_params, *params[3:], CLAIMED, owner]
-    else:
-        args = [*params, *id_params, CLAIMED, owner]
+    args = [*params, *id_params, CLAIMED, owner]
     with conn.cursor() as cursor:
         cursor.execute(sql, args)
         updated = cursor.rowcount
