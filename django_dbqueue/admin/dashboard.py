@@ -196,7 +196,9 @@ def worker_rows(now: datetime) -> list[WorkerRow]:
 
 def recent_failures(limit: int = 10) -> list[FailureRow]:
     jobs = (
-        Job.objects.filter(status=Job.Status.FAILED)
+        # finished_at is set on every failed job; saying so lets PostgreSQL read its
+        # partial (status, finished_at) index (migration 0008).
+        Job.objects.filter(status=Job.Status.FAILED, finished_at__isnull=False)
         .order_by("-finished_at")
         .only("id", "task", "queue", "attempts", "max_attempts", "finished_at", "last_error")
     )

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import JSONField
+from django.db.models.base import ModelState
 from django.utils import timezone
 
 from django_dbqueue.queue.dialects import (
+    by_id_only,
     has_lateral_arrays,
     has_locking_reads,
+    ids_in,
     placeholders,
+    plain_transaction,
     write_transaction,
 )
 from django_dbqueue.queue.keys import admit, release_parked
@@ -40,27 +46,64 @@ class Claimed(list["Job"]):
 class RowReader(NamedTuple):
     columns: str  # quoted column list for the SELECT
     names: list[str]  # attribute names, in the same order
-    converters: list[tuple[Any, list[Any]]]  # (column expression, converters) per column
+    # (index, column expression, converters) of each column that has converters
+    converters: list[tuple[int, Any, list[Any]]]
 
 
 _READERS: dict[tuple[type[Any], str], RowReader] = {}
 
+# Columns a claim does not read: a claimed job's owner and lease are what the claim
+# writes, its result, end and error text what the run writes. Left out of the instance,
+# they are deferred fields: read from the database if something asks. (started_at is
+# read: whether it is NULL tells a first attempt from a later one, Job.note_attempt.)
+NOT_READ = frozenset(
+    {
+        "owner",
+        "owner_date",
+        "finished_at",
+        "result",
+        "last_error",
+        "origin_unique_key",
+    }
+)
+
+
+def _json_loads(value: Any, expression: Any, connection: Any) -> Any:
+    """JSONField.from_db_value for a whole column (no key transform, no custom decoder)."""
+    if value == "[]":
+        return []
+    if value == "{}":
+        return {}
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value
+
 
 def _row_reader(model: type[Job], conn: BaseDatabaseWrapper) -> RowReader:
-    """The column list and per-column converters for reading whole Job rows by hand.
+    """The column list and per-column converters for reading claimed Job rows by hand.
 
-    The converters are Django's own (JSON text to data, naive MySQL and SQLite datetimes
-    to aware ones...), worked out once per connection instead of once per query.
+    The converters are Django's own (naive MySQL and SQLite datetimes to aware ones...),
+    worked out once per connection instead of once per query; JSON columns without a
+    custom decoder are decoded by :func:`_json_loads`, which does what
+    ``JSONField.from_db_value`` does for a whole column.
     """
     key = (model, conn.alias)
     if key not in _READERS:
-        fields = model._meta.concrete_fields
+        fields = [f for f in model._meta.concrete_fields if f.attname not in NOT_READ]
         columns = ", ".join(conn.ops.quote_name(str(f.column)) for f in fields)
         converters = []
-        for field in fields:
+        for index, field in enumerate(fields):
             col = field.get_col(model._meta.db_table)
-            funcs = conn.ops.get_db_converters(col) + field.get_db_converters(conn)
-            converters.append((col, funcs))
+            funcs = conn.ops.get_db_converters(col)
+            if isinstance(field, JSONField) and field.decoder is None:
+                funcs = [*funcs, _json_loads]
+            else:
+                funcs = funcs + field.get_db_converters(conn)
+            if funcs:
+                converters.append((index, col, funcs))
         _READERS[key] = RowReader(columns, [f.attname for f in fields], converters)
     return _READERS[key]
 
@@ -68,13 +111,22 @@ def _row_reader(model: type[Job], conn: BaseDatabaseWrapper) -> RowReader:
 def _job_from_row(
     model: type[Job], using: str, row: Sequence[Any], reader: RowReader, conn: BaseDatabaseWrapper
 ) -> Job:
+    """A Job from a row, built as ``Model.from_db`` would but without ``Model.__init__``
+    (its field-by-field setattr and its pre_init/post_init signals are most of the cost
+    of a claim on the worker's side). Columns not read are deferred fields."""
     values = list(row)
-    for index, (col, funcs) in enumerate(reader.converters):
-        if funcs and values[index] is not None:
+    for index, col, funcs in reader.converters:
+        value = values[index]
+        if value is not None:
             for func in funcs:
-                values[index] = func(values[index], col, conn)
-    # All concrete fields in order: from_db takes Model.__init__'s positional fast path.
-    return model.from_db(using, reader.names, values)
+                value = func(value, col, conn)
+            values[index] = value
+    job = model.__new__(model)
+    job.__dict__.update(zip(reader.names, values, strict=True))
+    state = job._state = ModelState()
+    state.adding = False
+    state.db = using
+    return job
 
 
 def claim(
@@ -127,8 +179,13 @@ def _claim(
         if not candidates:
             # Nothing runnable but what other claimers are taking: nothing for us.
             return Claimed()
-        with write_transaction(using):
-            jobs = _lock_and_mark(model, using, candidates, owner, now, lock=True)
+        try:
+            with plain_transaction(using):
+                jobs = _lock_and_mark(model, using, candidates, owner, now, lock=True)
+        except _KeyedRows:
+            # Concurrency keys may create rows through the ORM: Django's own transaction.
+            with write_transaction(using):
+                jobs = _lock_and_mark(model, using, candidates, owner, now, lock=True)
         if jobs:
             return Claimed(jobs)
         taken += candidates
@@ -235,6 +292,10 @@ def _candidates_lateral(
         return [row[0] for row in cursor.fetchall()]
 
 
+class _KeyedRows(Exception):
+    """Keyed jobs were locked inside a transaction Django does not know of: start over."""
+
+
 def _lock_and_mark(
     model: type[Job], using: str, candidates: list[int], owner: str, now: datetime, lock: bool
 ) -> list[Job]:
@@ -243,10 +304,11 @@ def _lock_and_mark(
     conn = connections[using]
     qn = conn.ops.quote_name
     reader = _row_reader(model, conn)
+    id_sql, id_params = ids_in(conn, qn("id"), candidates)
+    queued = by_id_only(conn, f"{qn('status')} = %s")
     sql = (
         f"SELECT {reader.columns} FROM {qn(model._meta.db_table)} "  # noqa: S608
-        f"WHERE {qn('id')} IN ({placeholders(len(candidates))}) "
-        f"AND {qn('status')} = %s AND {qn('run_after')} <= %s"
+        f"WHERE {id_sql} AND {queued} AND {qn('run_after')} <= %s"
     )
     if lock:
         sql += " FOR UPDATE SKIP LOCKED"
@@ -255,7 +317,7 @@ def _lock_and_mark(
     # back or recovered after a crash, wait there with no key flagged to release it.
     when = model._meta.get_field("run_after").get_db_prep_value(now, conn)
     with conn.cursor() as cursor:
-        cursor.execute(sql, [*candidates, QUEUED, when])
+        cursor.execute(sql, [*id_params, QUEUED, when])
         rows = cursor.fetchall()
     if not rows:
         return []
@@ -264,19 +326,22 @@ def _lock_and_mark(
         (_job_from_row(model, using, row, reader, conn) for row in rows),
         key=lambda job: rank[job.id],
     )
-    jobs = admit(model, using, jobs, lock)  # concurrency keys: park what does not fit
+    if any(job.concurrency_key is not None for job in jobs):
+        if not conn.in_atomic_block:
+            raise _KeyedRows
+        jobs = admit(model, using, jobs, lock)  # concurrency keys: park what does not fit
     if not jobs:
         return []
-    ids = [job.id for job in jobs]
+    id_sql, id_params = ids_in(conn, qn("id"), [job.id for job in jobs])
     sql = (
         f"UPDATE {qn(model._meta.db_table)} SET {qn('status')} = %s, "  # noqa: S608
         f"{qn('owner')} = %s, {qn('owner_date')} = %s, "
         f"{qn('attempts')} = {qn('attempts')} + 1 "
-        f"WHERE {qn('id')} IN ({placeholders(len(ids))})"
+        f"WHERE {id_sql}"
     )
-    owner_date = model._meta.get_field("owner_date").get_db_prep_value(now, conn)
+    owner_date = conn.ops.adapt_datetimefield_value(now)
     with conn.cursor() as cursor:
-        cursor.execute(sql, [CLAIMED, owner, owner_date, *ids])
+        cursor.execute(sql, [CLAIMED, owner, owner_date, *id_params])
     for job in jobs:
         job.status, job.owner, job.owner_date = CLAIMED, owner, now
         job.attempts += 1

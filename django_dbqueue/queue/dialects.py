@@ -19,6 +19,31 @@ def placeholders(count: int) -> str:
     return ", ".join(["%s"] * count)
 
 
+def ids_in(conn: BaseDatabaseWrapper, column: str, ids: list[int]) -> tuple[str, list[Any]]:
+    """``column IN (...)`` for a list of ids, as SQL and its parameters.
+
+    PostgreSQL: ``column = ANY(%s)``, the ids one array parameter. psycopg caches the
+    parsing of a statement only up to 50 parameters: a claim of 100 ids as 100
+    placeholders was parsed again, in Python, at every claim and every finish.
+    """
+    if conn.vendor == "postgresql":
+        return f"{column} = ANY(%s::bigint[])", [ids]
+    return f"{column} IN ({placeholders(len(ids))})", list(ids)
+
+
+def by_id_only(conn: BaseDatabaseWrapper, condition: str) -> str:
+    """``condition`` (on a row found by id) written so the planner cannot read it from an index.
+
+    PostgreSQL plans from statistics: taken while the table held mostly finished jobs, they
+    call QUEUED and CLAIMED rare, and ``WHERE id = ANY(...) AND status = 'queued'`` then
+    walks every queued entry of a status index (and every dead one) to find a hundred ids
+    instead of looking them up by primary key. ``(...) IS TRUE`` is the same test (the
+    columns are NOT NULL) that no index answers. MySQL estimates ranges by reading the
+    index (no stale statistics) and SQLite prefers the primary key: unchanged there.
+    """
+    return f"({condition}) IS TRUE" if conn.vendor == "postgresql" else condition
+
+
 def has_locking_reads(conn: BaseDatabaseWrapper) -> bool:
     """``SELECT ... FOR UPDATE SKIP LOCKED`` exists (not on SQLite, which locks the file)."""
     return conn.vendor != "sqlite"
@@ -80,6 +105,41 @@ def insert_one_sql(
     elif notify:
         raise ValueError("pg_notify exists on PostgreSQL only")
     return sql
+
+
+@contextmanager
+def plain_transaction(using: str) -> Iterator[None]:
+    """A transaction of the caller's own raw SQL, begun and ended by plain statements.
+
+    ``transaction.atomic()`` on a connection in autocommit switches autocommit off and on
+    again around the transaction: on MySQL/MariaDB two more round trips (``SET
+    autocommit``) for every claim. This sends ``START TRANSACTION`` and ``COMMIT`` (or
+    ``ROLLBACK``) instead, while Django's view of the connection stays "autocommit, no
+    atomic block": the block must run raw SQL only, nothing that opens an atomic block
+    (the ORM's writes may). Inside an atomic block, or on SQLite (whose claims must BEGIN
+    IMMEDIATE), it is :func:`write_transaction`.
+    """
+    connection = connections[using]
+    if connection.vendor == "sqlite" or connection.in_atomic_block:
+        with write_transaction(using):
+            yield
+        return
+    connection.ensure_connection()
+    if not connection.get_autocommit():
+        with transaction.atomic(using=using):
+            yield
+        return
+    with connection.cursor() as cursor:
+        cursor.execute("START TRANSACTION" if connection.vendor == "mysql" else "BEGIN")
+        try:
+            yield
+        except BaseException:
+            try:
+                cursor.execute("ROLLBACK")
+            except Exception:  # a broken connection has no transaction left to end
+                connection.errors_occurred = True
+            raise
+        cursor.execute("COMMIT")
 
 
 def insert_rows(
