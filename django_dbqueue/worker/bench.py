@@ -89,14 +89,16 @@ def bench_enqueue_bulk(count: int) -> float:
     return _rate(count, time.perf_counter() - started)
 
 
-def bench_drain(count: int, workers: int, batch_size: int | None, job_ms: float = 0) -> float:
+def bench_drain(
+    count: int, workers: int, batch_size: int | None, job_ms: float = 0, threads: int = 1
+) -> float:
     """Enqueue ``count`` jobs (no-op, or sleeping ``job_ms``), then time ``workers``
-    processes draining them."""
+    processes of ``threads`` threads draining them."""
     if job_ms:
         enqueue_many({"task": sleep_ms, "args": [job_ms]} for _ in range(count))
     else:
         enqueue_many({"task": noop} for _ in range(count))
-    options: dict[str, Any] = {"burst": True, "batch_size": batch_size}
+    options: dict[str, Any] = {"burst": True, "batch_size": batch_size, "threads": threads}
     started = time.perf_counter()
     stats = Supervisor(workers, options).run()
     elapsed = time.perf_counter() - started
