@@ -100,9 +100,7 @@ def describe_exit(exitcode: int | None) -> str:
     return f"exited with code {exitcode}"
 
 
-def _error(
-    remains: Remains, running: Running, others: list[int]
-) -> tuple[str, str, bool]:
+def _error(remains: Remains, running: Running, others: list[int]) -> tuple[str, str, bool]:
     """(error text, error class path, counts as an attempt) for a job it was running;
     ``others``: the ids of the jobs its other threads were running."""
     kill, name = remains.kill, remains.name

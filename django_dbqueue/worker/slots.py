@@ -85,6 +85,7 @@ class Slot:
     ) -> None:
         self._h = header
         self._lanes = lanes
+        self._lane0 = lanes[0]  # --threads 1 (most workers): no indexing per job
         self.lanes = len(lanes)
         self._ids = ids
         self._cancels = cancels
@@ -110,7 +111,7 @@ class Slot:
 
     def start(self, job_id: int, timeout: float | None, lane: int = 0) -> float:
         """A job starts now; returns the time.monotonic() it started at."""
-        h = self._lanes[lane]
+        h = self._lanes[lane] if lane else self._lane0
         h.seq += 1
         h.job_id = job_id
         h.phase = RUNNING
@@ -122,14 +123,14 @@ class Slot:
 
     def returned(self, lane: int = 0) -> None:
         """The job's code is over; its outcome is being recorded (no deadline applies)."""
-        h = self._lanes[lane]
+        h = self._lanes[lane] if lane else self._lane0
         h.seq += 1
         h.phase = RECORDING
         h.deadline = 0.0
         h.seq += 1
 
     def end(self, lane: int = 0) -> None:
-        h = self._lanes[lane]
+        h = self._lanes[lane] if lane else self._lane0
         h.seq += 1
         h.job_id = 0
         h.phase = IDLE

@@ -83,6 +83,7 @@ class ThreadedWorker(Worker):
         self._run_locks = [threading.Lock() for _ in range(threads)]
         self._shutdown_now = False
         self._executors: list[threading.Thread] = []
+        self._broken: BaseException | None = None  # what ended an executor thread
 
     def _own_slot(self) -> Slot:
         capacity = held_capacity(self.batch_size, self.threads)
@@ -239,10 +240,13 @@ class ThreadedWorker(Worker):
                         self._finish_cancelled(job, "Cancelled by an operator before it started.")
                     else:
                         self._run_in(lane, job)
-                except TRANSIENT_ERRORS as exc:
-                    # A recording write that gave up (stopping with the database away):
-                    # the supervisor settles the job, or lease recovery does.
-                    logger.error("Worker %s: job %s not recorded (%s)", self.name, job.id, exc)
+                except BaseException as exc:
+                    # A recording write that failed for good (or gave up while stopping
+                    # with the database away): the process stops, and the job its slot
+                    # still shows is settled by the supervisor, as with --threads 1.
+                    self._broken = self._broken or exc
+                    self.stopping.set()
+                    raise
                 finally:
                     with self._lock:
                         self._busy -= 1
@@ -345,6 +349,8 @@ class ThreadedWorker(Worker):
         self._unstarted = list(self._queue)
         self._queue.clear()
         super()._shutdown()
+        if self._broken is not None:
+            raise self._broken
 
 
 def make_worker(threads: int = 1, **options: Any) -> Worker:
