@@ -105,3 +105,10 @@ def python_loop(seconds: float) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         time.sleep(0.01)
+
+
+@job
+def exit_after(seconds: float, code: int = 1) -> None:
+    """Ends its process once ``seconds`` have passed (jobs of other threads running)."""
+    time.sleep(seconds)
+    os._exit(code)

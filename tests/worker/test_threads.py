@@ -120,6 +120,28 @@ def test_timeout_in_python_code_stops_only_that_jobs_thread(
     assert proc.wait(30) == 0
 
 
+def test_a_crash_in_one_thread_charges_every_job_the_process_was_running(
+    processes: Processes, worker_env: EnvMaker
+) -> None:
+    siblings = enqueue_many({"task": jobs.record, "args": [f"x{i}", 1.5]} for i in range(3))
+    bad = enqueue(hostile.exit_after, [0.5], max_attempts=1)
+    proc = processes.run_jobs("--threads", "4", env=worker_env(CLAIM_AHEAD=0, **SETTINGS))
+    wait_until(lambda: status(bad) == Job.Status.FAILED, timeout=30)
+    wait_until(lambda: Job.objects.filter(status=Job.Status.DONE).count() == 3, timeout=30)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+    bad.refresh_from_db()
+    assert "WorkerDied" in bad.last_error and "exited with code 1" in bad.last_error
+    for job in siblings:
+        job.refresh_from_db()
+        # Which thread ended the process cannot be told: each running job is charged.
+        assert job.attempts == 2, job.errors
+        (error,) = job.errors
+        assert "in its other threads" in error["traceback"]
+        assert str(bad.pk) in error["traceback"]
+        assert Execution.objects.filter(key=job.args[0]).count() == 1
+
+
 def test_sigkill_of_a_threaded_child_loses_and_double_runs_nothing(
     processes: Processes, worker_env: EnvMaker
 ) -> None:
