@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -209,3 +210,23 @@ def test_cancelling_one_job_of_a_threaded_child_spares_its_siblings(
     assert child_pid() == first, "no kill was needed"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
+
+
+def test_second_sigterm_stops_every_running_thread_and_records_each(
+    processes: Processes, worker_env: EnvMaker
+) -> None:
+    batch = enqueue_many({"task": hostile.python_loop, "args": [60]} for _ in range(4))
+    proc = processes.run_jobs("--threads", "4", env=worker_env(CLAIM_AHEAD=0, **SETTINGS))
+    child_pid()
+    wait_until(lambda: Job.objects.filter(status=Job.Status.CLAIMED).count() == 4, timeout=30)
+    time.sleep(0.5)  # every thread has taken its job
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    for job in batch:
+        job.refresh_from_db()
+        assert (job.status, job.attempts) == (Job.Status.QUEUED, 1), job.last_error
+        assert "stopped by a second signal" in job.last_error
+        assert "SIGKILL" not in job.last_error, "stopped in Python, no kill needed"
