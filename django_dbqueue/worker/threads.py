@@ -202,14 +202,14 @@ class ThreadedWorker(Worker):
             if not jobs and jobs.contended:
                 continue
             if not jobs:
-                if active:
-                    # The threads are busy; ask again when one is free or a poll is due.
+                if self.burst:
+                    if not active:
+                        break
+                    # Exit once the running jobs are over (or claim what became runnable).
                     self._wait(idle_sleep)
-                elif self.burst:
-                    break
                 else:
-                    with self._lock:
-                        self._flush(force=True)
+                    # Nothing runnable: wait for a wake-up or the next poll, as an idle
+                    # worker does, whether or not some threads still run a job.
                     self._idle(idle_sleep)
                 idle_sleep = min(idle_sleep * 2, float(settings.POLL_INTERVAL))
                 continue
@@ -251,6 +251,8 @@ class ThreadedWorker(Worker):
                     with self._lock:
                         self._busy -= 1
                         self._changed.notify_all()
+                        if not self._queue:
+                            self._flush(force=True)  # going idle: write what finished
         finally:
             connections.close_all()  # this thread's own connections
 
