@@ -74,7 +74,8 @@ class ThreadedWorker(Worker):
         self.threads = threads
         super().__init__(**options)
         self._lock = threading.RLock()  # the batch, held ids, pending writes, stats
-        self._changed = threading.Condition(self._lock)
+        self._changed = threading.Condition(self._lock)  # the dispatcher waits on it
+        self._work = threading.Condition(self._lock)  # idle executors wait on it
         self._queue: deque[Job] = deque()  # claimed, not started
         self._busy = 0
         self._claimed = 0  # jobs claimed in all (for --max-jobs)
@@ -210,13 +211,15 @@ class ThreadedWorker(Worker):
                 else:
                     # Nothing runnable: wait for a wake-up or the next poll, as an idle
                     # worker does, whether or not some threads still run a job.
+                    with self._lock:
+                        self._flush(force=True)
                     self._idle(idle_sleep)
                 idle_sleep = min(idle_sleep * 2, float(settings.POLL_INTERVAL))
                 continue
             idle_sleep = float(settings.MIN_POLL_INTERVAL)
             with self._lock:
                 self._queue.extend(jobs)
-                self._changed.notify_all()
+                self._work.notify(len(jobs))
 
     # -- the executors -----------------------------------------------------------------
 
@@ -225,12 +228,12 @@ class ThreadedWorker(Worker):
             while True:
                 with self._lock:
                     while not self._queue and not self.stopping.is_set():
-                        self._changed.wait(0.2)
+                        self._work.wait(0.2)
                     if self.stopping.is_set():
                         return  # what is left in the queue is given back by _shutdown()
                     job = self._queue.popleft()
                     self._busy += 1
-                    self._changed.notify_all()  # the dispatcher may claim more
+                    self._changed.notify()  # the dispatcher may claim more
                 try:
                     refresh_connections()
                     if (
@@ -250,9 +253,9 @@ class ThreadedWorker(Worker):
                 finally:
                     with self._lock:
                         self._busy -= 1
-                        self._changed.notify_all()
-                        if not self._queue:
-                            self._flush(force=True)  # going idle: write what finished
+                        self._changed.notify()
+                        # The last thread going idle writes what finished at once.
+                        self._flush(force=not self._queue and not self._busy)
         finally:
             connections.close_all()  # this thread's own connections
 
@@ -345,7 +348,7 @@ class ThreadedWorker(Worker):
     def _shutdown(self) -> None:
         self.stopping.set()
         with self._lock:
-            self._changed.notify_all()
+            self._work.notify_all()
         for thread in self._executors:
             thread.join()  # each finishes its running job (the supervisor kills a stuck one)
         self._unstarted = list(self._queue)
