@@ -106,10 +106,12 @@ def bench_drain(
     job_ms: float = 0,
     keys: int = 0,
     key_limit: int = 1,
+    threads: int = 1,
 ) -> float:
     """Enqueue ``count`` jobs (no-op, or sleeping ``job_ms``), then time ``workers``
-    processes draining them. ``keys``: the jobs take turns over that many concurrency
-    keys, at most ``key_limit`` of each running at once (docs/concurrency.md)."""
+    processes of ``threads`` threads draining them. ``keys``: the jobs take turns over
+    that many concurrency keys, at most ``key_limit`` of each running at once
+    (docs/concurrency.md)."""
 
     def spec(n: int) -> dict[str, Any]:
         one: dict[str, Any] = {"task": sleep_ms, "args": [job_ms]} if job_ms else {"task": noop}
@@ -118,7 +120,7 @@ def bench_drain(
         return one
 
     enqueue_many(spec(n) for n in range(count))
-    options: dict[str, Any] = {"burst": True, "batch_size": batch_size}
+    options: dict[str, Any] = {"burst": True, "batch_size": batch_size, "threads": threads}
     started = time.perf_counter()
     stats = Supervisor(workers, options).run()
     elapsed = time.perf_counter() - started

@@ -9,6 +9,18 @@ What its slot says decides each job's fate:
   worker every time ends FAILED after ``max_attempts``;
 - every other job it had claimed goes back to the queue at once, attempt not counted.
 
+A threaded child (``run_jobs --threads T``) runs up to T jobs at once, and one death
+ends them all:
+
+- killed by the supervisor for one job (its timeout, its cancellation): that job is
+  charged as above; the others it was running go back uncharged, "killed with a
+  sibling" (they run again from the start);
+- a second stop signal: every running job is charged (WorkerShutdown), as each ignored it;
+- any other death (segfault, ``os._exit``, OOM, ``kill -9``): which thread caused it
+  cannot be told, so every job it was running gets its attempt counted, the error naming
+  the others. A job that crashes its process therefore costs its running siblings an
+  attempt each: run such jobs with ``--threads 1``.
+
 Every write is guarded by (status = claimed, owner = the dead child), so settling twice,
 or after lease recovery got there first, changes nothing.
 """
@@ -58,7 +70,7 @@ class Remains:
 
     name: str
     exitcode: int | None
-    running: Running | None
+    runs: list[Running]
     held: list[int]
     done: list[Done]
     kill: Kill | None = None
@@ -68,8 +80,12 @@ class Remains:
 
     @classmethod
     def read(cls, name: str, exitcode: int | None, slot: Slot) -> Remains:
-        running = slot.running(writer_gone=True)
-        return cls(name, exitcode, running, slot.held(), slot.done_log())
+        return cls(name, exitcode, slot.runs(writer_gone=True), slot.held(), slot.done_log())
+
+    @property
+    def running(self) -> Running | None:
+        """The job it was running (the first lane's, for a threaded child)."""
+        return self.runs[0] if self.runs else None
 
 
 def describe_exit(exitcode: int | None) -> str:
@@ -84,8 +100,9 @@ def describe_exit(exitcode: int | None) -> str:
     return f"exited with code {exitcode}"
 
 
-def _error(remains: Remains, running: Running) -> tuple[str, str, bool]:
-    """(error text, error class path, counts as an attempt) for the job it was running."""
+def _error(remains: Remains, running: Running, others: list[int]) -> tuple[str, str, bool]:
+    """(error text, error class path, counts as an attempt) for a job it was running;
+    ``others``: the ids of the jobs its other threads were running."""
     kill, name = remains.kill, remains.name
     if kill is not None and (kill.reason == STOP or kill.job_id == running.job_id):
         after = f"did not stop within {kill.grace:g} s"
@@ -111,11 +128,17 @@ def _error(remains: Remains, running: Running) -> tuple[str, str, bool]:
             True,
         )
     if kill is not None:
-        # Killed for another job that ended just before the SIGKILL landed (where the
-        # supervisor could not freeze the process to make sure): not this job's doing,
-        # so it goes back to the queue uncharged.
+        # Killed for another job: a sibling in another thread, or one that ended just
+        # before the SIGKILL landed (where the supervisor could not freeze the process to
+        # make sure). Not this job's doing, so it goes back to the queue uncharged.
         return "", "", False
     doing = "running this job" if running.phase == RUNNING else "recording this job's outcome"
+    if others:
+        ids = ", ".join(str(job_id) for job_id in others)
+        doing += (
+            f" and, in its other threads, job(s) {ids} (which one caused it cannot be told: "
+            "each is charged)"
+        )
     return (
         f"{WorkerDied.__name__}: worker process {name} {describe_exit(remains.exitcode)} "
         f"while {doing}.",
@@ -144,14 +167,23 @@ def _record_done(remains: Remains) -> set[int]:
     return finished
 
 
-def _record_running(remains: Remains, running: Running) -> bool:
-    """Record the attempt of the job it was running; False if it goes back uncharged."""
+def _record_running(remains: Remains, running: Running, others: list[int]) -> bool:
+    """Record the attempt of a job it was running; False if it goes back uncharged."""
     job = Job.objects.filter(pk=running.job_id, status=Job.Status.CLAIMED, owner=remains.name)
     found = job.first()
     if found is None:
         return True  # already recorded (or taken over): nothing left to do
-    text, error_class, counts = _error(remains, running)
+    text, error_class, counts = _error(remains, running, others)
     if not counts:
+        logger.warning(
+            "Job %s (%s): its worker process %s was killed for job %s; this job goes back "
+            "to the queue, attempt not counted (killed with a sibling).",
+            found.id,
+            found.task,
+            remains.name,
+            remains.kill.job_id if remains.kill is not None else "?",
+            extra={"event": "job_given_back", "job_id": found.id, "worker": remains.name},
+        )
         return False
     found.note_attempt(wall_time(running.started_wall))
     kill = remains.kill
@@ -188,12 +220,14 @@ def settle(remains: Remains) -> Outcome:
     if "done" not in remains.steps:
         _record_done(remains)
         remains.steps.add("done")
-    running = remains.running
-    if running is not None and running.job_id not in skip:
-        if "running" not in remains.steps:
-            charged = _record_running(remains, running)
-            remains.steps.add("running" if charged else "running-uncharged")
-        if "running" in remains.steps:
+    runs = [run for run in remains.runs if run.job_id not in skip]
+    for running in runs:
+        step = f"running-{running.job_id}"
+        if step not in remains.steps:
+            others = [run.job_id for run in runs if run is not running]
+            charged = _record_running(remains, running, others)
+            remains.steps.add(step if charged else f"{step}-uncharged")
+        if step in remains.steps:
             skip.add(running.job_id)
     # Its claimed jobs, from the slot and from the table: a claim committed just before
     # the child died may not have reached the slot.

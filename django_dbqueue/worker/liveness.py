@@ -45,7 +45,8 @@ class Member(Protocol):
     def slot(self) -> Slot: ...
 
     def interrupt(self) -> None:
-        """Ask the running job to stop (SIGUSR1: the worker raises JobCancelled in it)."""
+        """Ask the running jobs the slot marks cancelled to stop (SIGUSR1: the worker
+        raises JobCancelled in each)."""
 
 
 def wall_time(timestamp: float) -> datetime:
@@ -72,12 +73,13 @@ def recover() -> None:
 
 class Keeper:
     def __init__(self) -> None:
-        # member name -> (the run interrupted: its job id and start, when it was sent)
-        self.interrupted: dict[str, tuple[int, float, float]] = {}
+        # (member name, lane) -> (the run interrupted: its job id and start, when sent)
+        self.interrupted: dict[tuple[str, int], tuple[int, float, float]] = {}
         self._shown: dict[str, int | None] = {}  # member name -> job id its row shows
 
     def forget(self, name: str) -> None:
-        self.interrupted.pop(name, None)
+        for key in [key for key in self.interrupted if key[0] == name]:
+            del self.interrupted[key]
         self._shown.pop(name, None)
 
     def beat(
@@ -105,6 +107,11 @@ class Keeper:
         a running job reads as started (fast ones get them with their outcome)."""
         now = time.monotonic()
         for member in members:
+            if member.slot.lanes > 1:
+                # Jobs of a threaded worker do not start in claim order one at a time, so
+                # a named job would not tell lease recovery which ones had not started
+                # (queue/leases.py): its rows name none, and recovery charges them all.
+                continue
             running = member.slot.running()
             if running is not None and now - running.started < SHOW_AFTER:
                 running = None
@@ -125,15 +132,19 @@ class Keeper:
 
     def _relay_cancellations(self, member: Member, held: list[int]) -> None:
         cancelled = Job.objects.cancel_requested_ids(member.name, held) if held else set()
-        running = member.slot.running()
-        target = 0
-        if running is not None and running.phase == RUNNING and running.job_id in cancelled:
-            target = running.job_id
-        member.slot.request_cancel(sorted(cancelled), target)
-        if running is None or not target:
-            self.interrupted.pop(member.name, None)
-        elif self.interrupted.get(member.name, (0, 0.0, 0.0))[:2] != (target, running.started):
-            self.interrupted[member.name] = (target, running.started, time.monotonic())
+        runs = member.slot.runs()
+        targets = [run for run in runs if run.phase == RUNNING and run.job_id in cancelled]
+        member.slot.request_cancel(sorted(cancelled), targets)
+        wanted = {(member.name, run.lane): run for run in targets}
+        for key in [key for key in self.interrupted if key[0] == member.name]:
+            if key not in wanted:
+                del self.interrupted[key]
+        fresh = False
+        for key, run in wanted.items():
+            if self.interrupted.get(key, (0, 0.0, 0.0))[:2] != (run.job_id, run.started):
+                self.interrupted[key] = (run.job_id, run.started, time.monotonic())
+                fresh = True
+        if fresh:
             member.interrupt()
 
 

@@ -84,7 +84,7 @@ class Worker:
         # Given a slot, the worker is a supervisor's child: the supervisor keeps its
         # leases and its row. Otherwise it keeps them itself, from a heartbeat thread.
         self.supervised = slot is not None
-        self.slot = slot if slot is not None else SlotTable(1, self.batch_size)[0]
+        self.slot = slot if slot is not None else self._own_slot()
         self.batch_size = min(self.batch_size, self.slot.capacity)
         self.stats = Stats()
         # Read once: these are consulted for every job.
@@ -108,6 +108,10 @@ class Worker:
         self._pauses = PauseWatcher(self.queues)
         self._listener: wakeup.Listener | None = None
         self._listen_retry_at = 0.0
+
+    def _own_slot(self) -> Slot:
+        """The slot of a worker run unsupervised, where its heartbeat thread reads it."""
+        return SlotTable(1, self.batch_size)[0]
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -136,7 +140,7 @@ class Worker:
 
     def _on_cancel(self, signum: int, frame: FrameType | None) -> None:
         job = self._running
-        if job is not None and self.slot.cancel_running == job.id:
+        if job is not None and self.slot.cancel_running() == job.id:
             raise JobCancelled(f"Job {job.id} was cancelled by an operator while running.")
 
     def run(self) -> Stats:
@@ -326,7 +330,7 @@ class Worker:
         signals.job_started.send(Job, job=job, worker=self.name)
         error: BaseException | None = None
         timeout = job.timeout or self._job_timeout
-        began = self.slot.start(job.id, float(timeout) if timeout else None, wall)
+        began = self.slot.start(job.id, float(timeout) if timeout else None, wall=wall)
         self._running = job
         try:
             with time_limit(float(timeout) if timeout else None):

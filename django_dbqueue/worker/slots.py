@@ -1,14 +1,15 @@
 """The shared-memory table in which each worker process tells its supervisor what it does.
 
-One slot per child process, in memory shared at fork: which jobs it holds, which one it
-is running and since when, its timeout deadline, and the jobs that finished but are not
+One slot per child process, in memory shared at fork: which jobs it holds, which ones it
+is running (one *lane* per executor thread: ``run_jobs --threads T`` gives each child T
+lanes) and since when, their timeout deadlines, and the jobs that finished but are not
 recorded yet (with their results). The child writes its slot with plain stores (no
 system call, no database); the supervisor reads it on its own clock, which no job's code
 can hold up, and after the child dies, to settle what it left behind.
 
 Only the child writes its slot, except the cancellation fields, which only the keeper
-(the supervisor) writes. The running-job fields are written under a sequence counter
-(odd while a write is under way), so a reader never mixes two jobs' fields. The held ids
+(the supervisor) writes. Each lane is written by one thread only, under a sequence counter
+of its own (odd while a write is under way), so a reader never mixes two jobs' fields. The held ids
 need no such care: a reader that catches a batch half-written renews a stale lease
 (guarded, so it changes nothing) or misses a new one until the next heartbeat.
 """
@@ -33,7 +34,9 @@ LOG_BYTES = 64 * 1024
 _RECORD = struct.Struct("<qdi")  # job id, start (epoch seconds), result length (-1: None)
 
 
-class Header(ctypes.Structure):
+class Lane(ctypes.Structure):
+    """The job one executor thread runs."""
+
     _fields_ = [
         ("seq", ctypes.c_int64),
         ("job_id", ctypes.c_int64),
@@ -41,6 +44,12 @@ class Header(ctypes.Structure):
         ("started", ctypes.c_double),  # time.monotonic(): the same clock in every process
         ("started_wall", ctypes.c_double),  # time.time(), for started_at
         ("deadline", ctypes.c_double),  # monotonic time the timeout runs out; 0: none
+        ("cancel", ctypes.c_int64),  # written by the keeper: interrupt this running job
+    ]
+
+
+class Header(ctypes.Structure):
+    _fields_ = [
         ("count", ctypes.c_int64),  # entries of `ids` in use
         ("log_used", ctypes.c_int64),  # bytes of the done log in use
         ("done", ctypes.c_int64),
@@ -48,7 +57,6 @@ class Header(ctypes.Structure):
         ("retried", ctypes.c_int64),
         # Written by the keeper:
         ("cancel_count", ctypes.c_int64),  # entries of `cancels` in use
-        ("cancel_running", ctypes.c_int64),  # the running job to interrupt (SIGUSR1)
     ]
 
 
@@ -59,6 +67,7 @@ class Running:
     started: float
     started_wall: float
     deadline: float
+    lane: int = 0
 
 
 @dataclass(frozen=True)
@@ -72,9 +81,12 @@ class Slot:
     """One child's entry; the same object is used on both sides of the fork."""
 
     def __init__(
-        self, header: Header, ids: Any, cancels: Any, log: memoryview, capacity: int
+        self, header: Header, lanes: Any, ids: Any, cancels: Any, log: memoryview, capacity: int
     ) -> None:
         self._h = header
+        self._lanes = lanes
+        self._lane0 = lanes[0]  # --threads 1 (most workers): no indexing per job
+        self.lanes = len(lanes)
         self._ids = ids
         self._cancels = cancels
         self._log = log
@@ -91,10 +103,18 @@ class Slot:
     def release(self, index: int) -> None:
         self._ids[index] = 0
 
-    def start(self, job_id: int, timeout: float | None, wall: float | None = None) -> float:
+    def put(self, index: int, job_id: int) -> None:
+        """Hold one more job at a free entry (threaded workers: batches overlap)."""
+        self._ids[index] = job_id
+        if self._h.count <= index:
+            self._h.count = index + 1
+
+    def start(
+        self, job_id: int, timeout: float | None, lane: int = 0, wall: float | None = None
+    ) -> float:
         """A job starts now (at ``wall``, a time.time(), when the caller has it already);
         returns the time.monotonic() it started at."""
-        h = self._h
+        h = self._lanes[lane] if lane else self._lane0
         h.seq += 1
         h.job_id = job_id
         h.phase = RUNNING
@@ -104,16 +124,16 @@ class Slot:
         h.seq += 1
         return now
 
-    def returned(self) -> None:
+    def returned(self, lane: int = 0) -> None:
         """The job's code is over; its outcome is being recorded (no deadline applies)."""
-        h = self._h
+        h = self._lanes[lane] if lane else self._lane0
         h.seq += 1
         h.phase = RECORDING
         h.deadline = 0.0
         h.seq += 1
 
-    def end(self) -> None:
-        h = self._h
+    def end(self, lane: int = 0) -> None:
+        h = self._lanes[lane] if lane else self._lane0
         h.seq += 1
         h.job_id = 0
         h.phase = IDLE
@@ -146,17 +166,25 @@ class Slot:
 
     # -- read (and the cancellations written) by the keeper ----------------------------
 
-    def running(self, writer_gone: bool = False) -> Running | None:
-        """The running job, or None. Once the writer is gone, a write it left half done
-        is read as it stands; while it lives, a reader that keeps catching it mid-write
-        (a child stopped with SIGSTOP) gives up and sees nothing this time."""
-        h = self._h
+    def running(self, writer_gone: bool = False, lane: int = 0) -> Running | None:
+        """A lane's running job, or None. Once the writer is gone, a write it left half
+        done is read as it stands; while it lives, a reader that keeps catching it
+        mid-write (a child stopped with SIGSTOP) gives up and sees nothing this time."""
+        h = self._lanes[lane]
         for _ in range(1000):
             seq = h.seq
-            entry = Running(h.job_id, h.phase, h.started, h.started_wall, h.deadline)
+            entry = Running(h.job_id, h.phase, h.started, h.started_wall, h.deadline, lane)
             if writer_gone or (seq % 2 == 0 and h.seq == seq):
                 return entry if entry.job_id else None
         return None
+
+    def runs(self, writer_gone: bool = False) -> list[Running]:
+        """The running job of every lane that has one."""
+        if self.lanes == 1:
+            entry = self.running(writer_gone)
+            return [] if entry is None else [entry]
+        found = (self.running(writer_gone, lane) for lane in range(self.lanes))
+        return [entry for entry in found if entry is not None]
 
     def held(self) -> list[int]:
         count = min(self._h.count, self.capacity)
@@ -181,30 +209,35 @@ class Slot:
     def totals(self) -> tuple[int, int, int]:
         return self._h.done, self._h.failed, self._h.retried
 
-    def request_cancel(self, ids: Iterable[int], running: int = 0) -> None:
+    def request_cancel(self, ids: Iterable[int], running: Iterable[Running] = ()) -> None:
         wanted = list(ids)[: self.capacity]
         self._h.cancel_count = 0
         for index, job_id in enumerate(wanted):
             self._cancels[index] = job_id
         self._h.cancel_count = len(wanted)
-        if running:
-            self._h.cancel_running = running
+        for entry in running:
+            self._lanes[entry.lane].cancel = entry.job_id
 
-    @property
-    def cancel_running(self) -> int:
-        return int(self._h.cancel_running)
+    def cancel_running(self, lane: int = 0) -> int:
+        """The job the keeper asked this lane to interrupt (0: none)."""
+        return int(self._lanes[lane].cancel)
 
     def reset(self) -> None:
         """Empty the slot for a new process."""
         ctypes.memset(ctypes.addressof(self._h), 0, ctypes.sizeof(Header))
+        ctypes.memset(ctypes.addressof(self._lanes), 0, ctypes.sizeof(self._lanes))
 
 
 class SlotTable:
-    """``size`` slots of ``capacity`` held jobs each, in memory that forked children share."""
+    """``size`` slots of ``capacity`` held jobs and ``lanes`` running jobs each, in memory
+    that forked children share."""
 
-    def __init__(self, size: int, capacity: int, log_bytes: int = LOG_BYTES) -> None:
-        self.size, self.capacity = size, capacity
+    def __init__(
+        self, size: int, capacity: int, log_bytes: int = LOG_BYTES, lanes: int = 1
+    ) -> None:
+        self.size, self.capacity, self.lanes = size, capacity, lanes
         self._headers: Any = RawArray(Header, size)
+        self._lanes: Any = RawArray(Lane, size * lanes)
         self._ids: Any = RawArray(ctypes.c_int64, size * capacity)
         self._cancels: Any = RawArray(ctypes.c_int64, size * capacity)
         self._logs: Any = RawArray(ctypes.c_ubyte, size * log_bytes)
@@ -217,4 +250,6 @@ class SlotTable:
         ids = (ctypes.c_int64 * cap).from_buffer(self._ids, index * cap * 8)
         cancels = (ctypes.c_int64 * cap).from_buffer(self._cancels, index * cap * 8)
         view = memoryview(self._logs).cast("B")[index * log : (index + 1) * log]
-        return Slot(self._headers[index], ids, cancels, view, cap)
+        offset = index * self.lanes * ctypes.sizeof(Lane)
+        lanes = (Lane * self.lanes).from_buffer(self._lanes, offset)
+        return Slot(self._headers[index], lanes, ids, cancels, view, cap)

@@ -39,9 +39,10 @@ from django_dbqueue.worker.connections import (
 )
 from django_dbqueue.worker.duties import Duties
 from django_dbqueue.worker.liveness import Keeper, recover
-from django_dbqueue.worker.loop import Stats, Worker
+from django_dbqueue.worker.loop import Stats
 from django_dbqueue.worker.progress import Progress
 from django_dbqueue.worker.slots import RUNNING, Running, Slot, SlotTable
+from django_dbqueue.worker.threads import held_capacity, make_worker
 
 logger = logging.getLogger("django_dbqueue.supervisor")
 
@@ -73,7 +74,10 @@ def _child_main(
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     name = rows.process_name(os.getpid(), token)
-    Worker(slot=table[index], name=name, ignore_sigint=True, parent_pid=parent, **options).run()
+    worker = make_worker(
+        slot=table[index], name=name, ignore_sigint=True, parent_pid=parent, **options
+    )
+    worker.run()
     connections.close_all()
     sys.exit(0)
 
@@ -100,7 +104,7 @@ def _still_on(child: Child, running: Running) -> bool:
         if state in "tTZX":
             break
         time.sleep(0.001)
-    now = child.slot.running()
+    now = child.slot.running(lane=running.lane)
     same = (
         now is not None
         and now.phase == RUNNING
@@ -145,7 +149,10 @@ class Supervisor:
         self.duties = Duties(self.queues, progress.note if progress is not None else None)
         self.name = rows.process_name()
         capacity = int(worker_options.get("batch_size") or settings.BATCH_SIZE)
-        self.table = SlotTable(concurrency, capacity)
+        threads = int(worker_options.get("threads") or 1)
+        if threads > 1:
+            capacity = held_capacity(capacity, threads)
+        self.table = SlotTable(concurrency, capacity, lanes=threads)
         self.keeper = Keeper()
         self._ctx = multiprocessing.get_context("fork")
         self._children: dict[int, Child] = {}
@@ -217,7 +224,7 @@ class Supervisor:
             # What it leaves behind counts towards its slot's --max-jobs share now, so a
             # replacement started before the settling gets the right share.
             logged = {entry.job_id for entry in remains.done}
-            crashed = remains.running is not None and remains.running.job_id not in logged
+            crashed = sum(1 for run in remains.runs if run.job_id not in logged)
             self._processed[index] += done + failed + retried + len(logged) + crashed
             self.keeper.forget(child.name)
             self._graves.append(remains)
@@ -230,12 +237,14 @@ class Supervisor:
                 child.name,
                 child.process.pid,
                 deaths.describe_exit(code),
-                f" while running job {remains.running.job_id}" if remains.running else "",
+                f" while running job(s) {', '.join(str(run.job_id) for run in remains.runs)}"
+                if remains.runs
+                else "",
                 extra={"event": "worker_died", "worker": child.name},
             )
             # A child that dies before running anything is broken, not its jobs: wait a
             # little longer each time, rather than fork in a tight loop.
-            quick = remains.running is None and now - child.started < 1.0
+            quick = not remains.runs and now - child.started < 1.0
             self._quick_deaths[index] = self._quick_deaths[index] + 1 if quick else 0
             delay = min(5.0, 0.1 * 2 ** self._quick_deaths[index]) if quick else 0.0
             self._respawn_at[index] = now + delay
@@ -271,22 +280,24 @@ class Supervisor:
         for child in self._children.values():
             if child.kill is not None:
                 continue
-            running = child.slot.running()
+            runs = child.slot.runs()
             if self._kill_all_at is not None and now >= self._kill_all_at:
-                self._kill(child, deaths.STOP, running)
+                self._kill(child, deaths.STOP, runs[0] if runs else None)
                 continue
-            if running is None or running.phase != RUNNING:
-                continue
-            if running.deadline and now > running.deadline + self._grace:
-                self._kill(child, deaths.TIMEOUT, running)
-                continue
-            sent = self.keeper.interrupted.get(child.name)
-            if (
-                sent is not None
-                and sent[:2] == (running.job_id, running.started)
-                and now > sent[2] + self._grace
-            ):
-                self._kill(child, deaths.CANCEL, running)
+            for running in runs:
+                if running.phase != RUNNING:
+                    continue
+                if running.deadline and now > running.deadline + self._grace:
+                    self._kill(child, deaths.TIMEOUT, running)
+                    break
+                sent = self.keeper.interrupted.get((child.name, running.lane))
+                if (
+                    sent is not None
+                    and sent[:2] == (running.job_id, running.started)
+                    and now > sent[2] + self._grace
+                ):
+                    self._kill(child, deaths.CANCEL, running)
+                    break
 
     def _kill(self, child: Child, reason: str, running: Running | None) -> None:
         if reason != deaths.STOP and running is not None and not _still_on(child, running):
@@ -294,6 +305,8 @@ class Supervisor:
         job_id = running.job_id if running is not None else 0
         timeout = running.deadline - running.started if running is not None else 0.0
         child.kill = deaths.Kill(reason, job_id, self._grace, timeout)
+        # (A threaded child's other running jobs go down with it: deaths.py gives them
+        # back uncharged, since they did nothing wrong.)
         logger.warning(
             "Supervisor: killing worker %s (job %s: %s)",
             child.name,

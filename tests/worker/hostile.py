@@ -85,3 +85,30 @@ def note(directory: str, key: str) -> str:
 def sleep_past_timeout(seconds: float) -> None:
     """Overruns its timeout in plain Python: SIGALRM stops it."""
     time.sleep(seconds)
+
+
+@job
+def span(directory: str, key: str, seconds: float) -> str:
+    """Sleep ``seconds``, then note when this run began and ended (and in which process),
+    so a test can see how many jobs ran at once."""
+    began = time.time()
+    time.sleep(seconds)
+    with open(Path(directory) / f"spans-{os.getpid()}.txt", "a") as out:
+        out.write(f"{key} {began} {time.time()}\n")
+    return key
+
+
+@job
+def python_loop(seconds: float) -> None:
+    """Busy in plain Python (short sleeps) for ``seconds``: an interruption raised in its
+    thread stops it at once."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+@job
+def exit_after(seconds: float, code: int = 1) -> None:
+    """Ends its process once ``seconds`` have passed (jobs of other threads running)."""
+    time.sleep(seconds)
+    os._exit(code)

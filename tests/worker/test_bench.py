@@ -94,6 +94,30 @@ def test_bench_drains_jobs_of_a_given_duration_and_names_the_machine() -> None:
     assert machine["database_version"][0].isdigit()
 
 
+def test_bench_passes_threads_to_the_workers() -> None:
+    out = StringIO()
+    call_command(
+        "dbqueue_bench",
+        "--only",
+        "drain",
+        "--jobs",
+        "60",
+        "--job-ms",
+        "100",
+        "--workers",
+        "1",
+        "--threads",
+        "6",
+        "--json",
+        stdout=out,
+    )
+    report = json.loads(out.getvalue())
+    assert (report["workers"], report["threads"], report["job_ms"]) == (1, 6, 100)
+    # One process of one thread could do 10 jobs/s; six threads do more than twice that.
+    assert report["drain_per_s"] > 20
+    assert report["drain_of_ideal_pct"] == pytest.approx(report["drain_per_s"] * 100 / 60, abs=0.1)
+
+
 def test_bench_refuses_a_negative_job_time() -> None:
     with pytest.raises(CommandError, match="negative"):
         call_command("dbqueue_bench", "--only", "drain", "--jobs", "10", "--job-ms", "-1")

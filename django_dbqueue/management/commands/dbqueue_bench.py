@@ -32,6 +32,12 @@ class Command(BaseCommand):
             "--workers", type=positive_int, default=2, help="Worker processes draining (default 2)."
         )
         parser.add_argument(
+            "--threads",
+            type=positive_int,
+            default=1,
+            help="Threads per draining worker process (run_jobs --threads; default 1).",
+        )
+        parser.add_argument(
             "--batch-size",
             type=positive_int,
             default=None,
@@ -112,12 +118,14 @@ class Command(BaseCommand):
         results = bench.Results(vendor=vendor, workers=options["workers"])
         results.notes["machine"] = bench.machine(using)
         results.notes["job_ms"] = options["job_ms"]
+        results.notes["threads"] = options["threads"]
         fig = results.figures
         from django_dbqueue.worker import wakeup
 
         results.notes["wakeup"] = wakeup.method()
         say(
-            f"dbqueue_bench on {vendor}, {options['workers']} worker process(es), "
+            f"dbqueue_bench on {vendor}, {options['workers']} worker process(es) x "
+            f"{options['threads']} thread(s), "
             f"wake-up: {results.notes['wakeup']}"
         )
         m = results.notes["machine"]
@@ -150,6 +158,7 @@ class Command(BaseCommand):
                 options["job_ms"],
                 keys=options["keys"],
                 key_limit=options["key_limit"],
+                threads=options["threads"],
             )
             say(
                 f"  drain, {options['keys']} keys, limit {options['key_limit']}: "
@@ -158,12 +167,16 @@ class Command(BaseCommand):
             bench.clear_jobs()
         elif "drain" in parts:
             fig["drain_per_s"] = bench.bench_drain(
-                options["jobs"], options["workers"], options["batch_size"], options["job_ms"]
+                options["jobs"],
+                options["workers"],
+                options["batch_size"],
+                options["job_ms"],
+                threads=options["threads"],
             )
             say(f"  drain, empty table:    {fig['drain_per_s']:,.0f} jobs/s")
             if options["job_ms"]:
                 # What the processes could do if the queue cost nothing.
-                ideal = options["workers"] * 1000 / options["job_ms"]
+                ideal = options["workers"] * options["threads"] * 1000 / options["job_ms"]
                 fig["drain_of_ideal_pct"] = 100 * fig["drain_per_s"] / ideal
                 say(f"  of {ideal:,.0f} jobs/s ideal:  {fig['drain_of_ideal_pct']:.0f}%")
             bench.clear_jobs()
@@ -180,7 +193,11 @@ class Command(BaseCommand):
             results.notes["history_rows"] = options["history"]
             results.notes["history_fill_s"] = round(seconds, 1)
             fig["drain_with_history_per_s"] = bench.bench_drain(
-                options["jobs"], options["workers"], options["batch_size"], options["job_ms"]
+                options["jobs"],
+                options["workers"],
+                options["batch_size"],
+                options["job_ms"],
+                threads=options["threads"],
             )
             say(
                 f"  drain, {options['history']:,} finished rows: "

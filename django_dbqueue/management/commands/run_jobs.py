@@ -58,6 +58,14 @@ class Command(BaseCommand):
             help="Worker processes to run under the supervisor (default 1).",
         )
         parser.add_argument(
+            "--threads",
+            "-t",
+            type=positive_int,
+            default=1,
+            help="Jobs each process runs at once, in threads, for I/O-bound jobs (default 1; "
+            "see docs/reliability.md for what changes).",
+        )
+        parser.add_argument(
             "--batch-size",
             type=positive_int,
             default=None,
@@ -117,13 +125,15 @@ class Command(BaseCommand):
             "batch_size": options["batch_size"],
             "burst": options["burst"],
             "max_jobs": options["max_jobs"],
+            "threads": options["threads"],
         }
         concurrency: int = options["concurrency"]
         if progress is not None:
             mode = "burst" if options["burst"] else "waiting for jobs"
+            threads = f" x {options['threads']} threads" if options["threads"] > 1 else ""
             self.stdout.write(
                 f"Running jobs from {', '.join(queues)} with {concurrency} "
-                f"process(es), {mode}. Ctrl-C to stop."
+                f"process(es){threads}, {mode}. Ctrl-C to stop."
             )
         # Always a supervisor, even for one process: jobs run in a child that the
         # supervisor can kill and replace, and whose leases no job's code can stall.
