@@ -16,6 +16,7 @@ from django.db import connection, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 from django_dbqueue import enqueue
 from django_dbqueue.models import Job
@@ -71,7 +72,10 @@ def test_job_enqueued_in_a_transaction_is_run_by_a_burst_worker(
 def test_admin_job_list_and_dashboard(admin_client: Client) -> None:
     enqueue(jobs.add, args=[1, 1])
     failed = Job.objects.create(
-        task="tests.support.jobs.fail", status=Job.Status.FAILED, last_error="ValueError: smoke"
+        task="tests.support.jobs.fail",
+        status=Job.Status.FAILED,
+        last_error="ValueError: smoke",
+        finished_at=timezone.now(),  # as every finished job has
     )
 
     page = admin_client.get(reverse("admin:django_dbqueue_job_changelist"))
