@@ -149,7 +149,9 @@ def test_keyed_drain_under_sigkills_never_exceeds_the_limit(
     for path in tmp_path.glob("runs-*.txt"):
         ends += sum(line.startswith("end ") for line in path.read_text().splitlines())
     failing = TOTAL // 10
-    assert ends >= TOTAL + failing, "every job ran to its end, the failing ones twice"
+    # A failing run killed between its marker and its end makes one end fewer (its retry
+    # succeeds, below); a killed child was running at most one job.
+    assert ends >= TOTAL + failing - len(killed), "every job ran to its end, failing ones twice"
     retried = [
         pk
         for pk, errors in Job.objects.values_list("pk", "errors")

@@ -21,6 +21,25 @@ from tests.worker import hostile
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 EnvMaker = Callable[..., dict[str, str]]
+
+
+@pytest.fixture
+def worker_env(worker_env: EnvMaker) -> EnvMaker:
+    """The workers these tests start run without coverage.py's tracer, even under
+    `make test`: in a thread that an interruption (PyThreadState_SetAsyncExc) has just
+    reached, the tracer was seen to spin at the next function entry, holding the GIL
+    until the supervisor killed the process. Outside a tracer (as in production) the
+    thread goes on at once; the worker code is measured by the other worker tests."""
+
+    def make(**settings: object) -> dict[str, str]:
+        env = worker_env(**settings)
+        for name in ("COVERAGE_PROCESS_CONFIG", "COVERAGE_PROCESS_START"):
+            env.pop(name, None)
+        return env
+
+    return make
+
+
 SETTINGS = {
     "LEASE_TIMEOUT": 600,  # only the supervisor's own settling frees a job in time
     "HEARTBEAT_INTERVAL": 0.3,
