@@ -13,7 +13,6 @@ class DBQueueConfig(AppConfig):
         from django_dbqueue.worker import wakeup
 
         checks.register()
-        signals.jobs_enqueued.connect(wakeup.on_jobs_enqueued, dispatch_uid="django_dbqueue.wakeup")
         for switched in (signals.queues_paused, signals.queues_resumed):
             switched.connect(wakeup.on_queues_switched, dispatch_uid="django_dbqueue.switched")
         if tasks.framework_available():

@@ -1,10 +1,14 @@
-"""Settings: one ``DBQUEUE`` dict, read on every access so ``override_settings`` works."""
+"""Settings: one ``DBQUEUE`` dict, read on every access so ``override_settings`` works
+(:class:`PerSettings` keeps what hot paths derive from it until it is replaced)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 from django.conf import settings as django_settings
+
+T = TypeVar("T")
 
 DEFAULTS: dict[str, Any] = {
     # Queues that enqueue() and run_jobs accept; anything else is a typo until listed here.
@@ -78,3 +82,26 @@ class Settings:
 
 
 settings = Settings()
+
+
+class PerSettings(Generic[T]):
+    """``build()``'s value, built again only when one of the named Django settings is a
+    new object with other contents (``override_settings`` replaces them; a setting changed
+    in place, which Django does not support, goes unseen): for values read on hot paths,
+    where reading several keys through :data:`settings` costs more than the work itself.
+    """
+
+    def __init__(self, build: Callable[[], T], *names: str) -> None:
+        self.build = build
+        self.names = names or ("DBQUEUE",)
+        self._cached: tuple[list[Any], T] | None = None
+
+    def __call__(self) -> T:
+        key = [getattr(django_settings, name, None) for name in self.names]
+        cached = self._cached  # one read: another thread may replace it meanwhile
+        # The same objects compare equal at once; equal copies give the same value.
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        value = self.build()
+        self._cached = (key, value)
+        return value

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any, NamedTuple
 
 from django.db import IntegrityError, OperationalError, connections, router, transaction
@@ -13,7 +15,7 @@ from django.db.models.base import ModelState
 from django.utils import timezone
 
 from django_dbqueue import bounds, signals
-from django_dbqueue.conf import settings
+from django_dbqueue.conf import PerSettings, settings
 from django_dbqueue.exceptions import InvalidJob, InvalidJobArguments
 from django_dbqueue.models import Job
 from django_dbqueue.queue.dialects import is_deadlock
@@ -34,7 +36,7 @@ class JobSpec:
 
 
 class Defaults(NamedTuple):
-    """The settings enqueue needs, read once per call rather than once per job."""
+    """The settings enqueue needs, read once per settings object rather than per job."""
 
     queues: frozenset[str]
     queue: str
@@ -45,14 +47,21 @@ class Defaults(NamedTuple):
 
     @classmethod
     def read(cls) -> Defaults:
-        return cls(
-            frozenset(settings.QUEUES),
-            settings.DEFAULT_QUEUE,
-            settings.DEFAULT_PRIORITY,
-            settings.MAX_ATTEMPTS,
-            bool(settings.VALIDATE_TASKS),
-            int(settings.MAX_PAYLOAD_BYTES),
-        )
+        return _current_defaults()
+
+
+def _read_defaults() -> Defaults:
+    return Defaults(
+        frozenset(settings.QUEUES),
+        settings.DEFAULT_QUEUE,
+        settings.DEFAULT_PRIORITY,
+        settings.MAX_ATTEMPTS,
+        bool(settings.VALIDATE_TASKS),
+        int(settings.MAX_PAYLOAD_BYTES),
+    )
+
+
+_current_defaults = PerSettings(_read_defaults)
 
 
 # Field defaults: constants are copied into each job; callables (timezone.now, list,
@@ -308,8 +317,14 @@ def save_job(job: Job) -> tuple[Job, bool]:
         ensure_keys(using, [job.concurrency_key])
     saved, created = _insert(job, using)
     if created:
-        transaction.on_commit(lambda: signals.jobs_enqueued.send(Job, jobs=[saved]), using=using)
+        transaction.on_commit(partial(_committed, [saved], using), using=using)
     return saved, created
+
+
+def _committed(jobs: list[Job], using: str) -> None:
+    """On commit: wake the workers, then tell ``jobs_enqueued``'s receivers."""
+    wakeup.jobs_committed(jobs, using)
+    signals.jobs_enqueued.send(Job, jobs=jobs)
 
 
 def _insert(job: Job, using: str) -> tuple[Job, bool]:
@@ -321,7 +336,8 @@ def _insert(job: Job, using: str) -> tuple[Job, bool]:
     text = json_text(job)
     unique = job.unique_key is not None
     due = job.run_after <= timezone.now()
-    notify = wakeup.notify_args(using, job.queue) if due else None
+    notify = wakeup.notify_args(conn, job.queue) if due else None
+    notified_at = time.monotonic()  # before the INSERT that carries the pg_notify
     # Outside a caller's transaction a deadlock between inserts of the same key (InnoDB
     # locks the duplicate's index record) can be retried: nothing else was rolled back.
     # Inside one it cannot: InnoDB rolled back the caller's whole transaction.
@@ -330,7 +346,7 @@ def _insert(job: Job, using: str) -> tuple[Job, bool]:
         try:
             with transaction.mark_for_rollback_on_error(using):
                 try:
-                    new_id = insert_one(Job, using, values, text, unique, notify)
+                    new_id = insert_one(Job, conn, values, text, unique, notify)
                 except IntegrityError:
                     # MySQL/MariaDB: the key is taken. The error rolled back this
                     # statement only, so the caller's transaction goes on.
@@ -347,7 +363,7 @@ def _insert(job: Job, using: str) -> tuple[Job, bool]:
             job._state.db = using
             values.pop(JSON_TEXT, None)
             if notify is not None:
-                values[wakeup.WOKEN] = True
+                values[wakeup.WOKEN] = notified_at
             return job, True
         existing = Job.objects.using(using).filter(unique_key=job.unique_key).first()
         if existing is not None:
@@ -403,7 +419,7 @@ def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]], batch_size: int = 
         if keys:
             ensure_keys(using, keys)
         created = Job.objects.db_manager(using).insert_many(built, batch_size=batch_size)
-    transaction.on_commit(lambda: signals.jobs_enqueued.send(Job, jobs=created), using=using)
+    transaction.on_commit(partial(_committed, created, using), using=using)
     return created
 
 

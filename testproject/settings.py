@@ -161,13 +161,26 @@ if importlib.util.find_spec("django_tasks") or importlib.util.find_spec("django.
 if HAS_DJANGO_TASKS or HAS_TASKS_BACKPORT:
     TASKS = {"default": {"BACKEND": "django_dbqueue.backends.DBQueueBackend"}}
 
-LOGGING = {
+LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {"django_dbqueue": {"handlers": ["console"], "level": "WARNING"}},
 }
+
+# A test that reads what a worker logged names a file; retention logs each DELETE there.
+if os.environ.get("DBQUEUE_TEST_LOG_FILE"):
+    LOGGING["handlers"]["file"] = {
+        "class": "logging.FileHandler",
+        "filename": os.environ["DBQUEUE_TEST_LOG_FILE"],
+        "formatter": "plain",
+    }
+    LOGGING["loggers"]["django_dbqueue.retention"] = {
+        "handlers": ["file"],
+        "level": "DEBUG",
+        "propagate": False,
+    }
 
 # Tests pass settings to the worker processes they start through the environment.
 DBQUEUE.update(json.loads(os.environ.get("DBQUEUE_SETTINGS_JSON", "{}")))

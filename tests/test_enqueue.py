@@ -361,3 +361,30 @@ def test_a_function_typed_into_manage_py_shell_is_refused() -> None:
     assert out.startswith("InvalidJob ")
     assert "send_mail" in out
     assert "manage.py shell" in out or "__main__" in out
+
+
+@pytest.mark.django_db(transaction=True)
+def test_jobs_enqueued_is_sent_on_commit_only_with_the_created_jobs() -> None:
+    from django_dbqueue import signals
+
+    heard: list[list[int]] = []
+
+    def receiver(sender: object, jobs: list[Job], **kwargs: object) -> None:
+        heard.append([job.pk for job in jobs])
+
+    signals.jobs_enqueued.connect(receiver)
+    try:
+        one = enqueue(jobs.noop)
+        assert heard == [[one.pk]], "outside a transaction: at once"
+        with transaction.atomic():
+            two = enqueue(jobs.noop, unique_key="signal")
+            enqueue(jobs.noop, unique_key="signal")  # the same job: not created again
+            assert heard == [[one.pk]], "nothing before COMMIT"
+        assert heard == [[one.pk], [two.pk]]
+        with pytest.raises(RuntimeError), transaction.atomic():
+            enqueue(jobs.noop)
+            raise RuntimeError("rolled back")
+        many = enqueue_many([{"task": jobs.noop}, {"task": jobs.noop}])
+        assert heard == [[one.pk], [two.pk], [job.pk for job in many]]
+    finally:
+        signals.jobs_enqueued.disconnect(receiver)

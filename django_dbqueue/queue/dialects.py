@@ -31,6 +31,52 @@ def ids_in(conn: BaseDatabaseWrapper, column: str, ids: list[int]) -> tuple[str,
     return f"{column} IN ({placeholders(len(ids))})", list(ids)
 
 
+def keys_in(conn: BaseDatabaseWrapper, column: str, keys: list[str]) -> tuple[str, list[Any]]:
+    """``column IN (...)`` for a list of strings (concurrency keys), as :func:`ids_in`:
+    one array parameter on PostgreSQL, whose parse psycopg caches."""
+    if conn.vendor == "postgresql":
+        return f"{column} = ANY(%s::varchar[])", [keys]
+    return f"{column} IN ({placeholders(len(keys))})", list(keys)
+
+
+def keyed_rows(
+    conn: BaseDatabaseWrapper, table: str, keys: Sequence[str], by_key: str | None = None
+) -> tuple[str, str, list[Any]]:
+    """The rows of ``table`` (as ``j``) whose ``concurrency_key`` is one of ``keys``:
+    (FROM and WHERE clause, the expression that tells which key a row matched, params).
+
+    Each key matches what the database's own equality says, as a lookup of one key
+    would. PostgreSQL and SQLite compare strings exactly: ``concurrency_key IN (...)``
+    (an array on PostgreSQL), the row's key is the key. MariaDB's default collations
+    ignore case and trailing spaces (``"Key"`` and ``"key"`` share a row of
+    ``dbqueue_concurrency`` and a limit): a derived table of ``(n, k)``, one row per
+    key (its literals take the column's collation), is joined on the key, and ``r.n``,
+    the key's 1-based position in ``keys``, tells which. (:func:`key_position` maps
+    either back.) ``by_key``: an index on the key that SQLite must read (``INDEXED
+    BY``): for the parked jobs of one key it read every queued row along the status.
+    """
+    column = f"j.{conn.ops.quote_name('concurrency_key')}"
+    if conn.vendor != "mysql":
+        where, params = keys_in(conn, column, list(keys))
+        forced = ""
+        if by_key is not None and conn.vendor == "sqlite":
+            forced = f" INDEXED BY {conn.ops.quote_name(by_key)}"
+        return f"{table} AS j{forced} WHERE {where}", column, params
+    rows = " UNION ALL ".join(["SELECT %s AS n, %s AS k", *["SELECT %s, %s"] * (len(keys) - 1)])
+    params = []
+    for n, key in enumerate(keys, 1):
+        params += [n, key]
+    return f"({rows}) AS r JOIN {table} j ON {column} = r.k WHERE 1 = 1", "r.n", params
+
+
+def key_position(keys: Sequence[str]) -> dict[Any, int]:
+    """What :func:`keyed_rows`' key expression says of each of ``keys``, to its index."""
+    positions: dict[Any, int] = {}
+    for index, key in enumerate(keys):
+        positions[key] = positions[index + 1] = index
+    return positions
+
+
 def by_id_only(conn: BaseDatabaseWrapper, condition: str) -> str:
     """``condition`` (on a row found by id) written so the planner cannot read it from an index.
 

@@ -7,7 +7,7 @@ after a lost reply, or made after another worker recovered the job, changes noth
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from django_dbqueue.conf import settings
 from django_dbqueue.queue.dialects import by_id_only, ids_in
+from django_dbqueue.queue.keys import release_freed
 from django_dbqueue.queue.leases import owned
 from django_dbqueue.status import CANCELLED, CLAIMED, DONE, FAILED, QUEUED
 
@@ -120,7 +121,27 @@ def finish_done(model: type[Job], using: str, owner: str, jobs: Sequence[Job]) -
         if job.id in finished:
             job.status, job.finished_at, job.unique_key = DONE, now, None
             job.cancel_requested = False
+    free_slots(model, using, [job for job in jobs if job.id in finished])
     return finished
+
+
+def free_slots(model: type[Job], using: str, jobs: Iterable[Job]) -> None:
+    """Jobs left CLAIMED (the write committed): their keys' parked jobs may run now.
+
+    Nothing for jobs without a concurrency key (a check of attributes already read).
+    The released jobs' queues are told (the wake-up channel) so idle workers claim them
+    now rather than at their next poll. (``__dict__``: a job built from a log entry does
+    not know its key, and reading it would cost a query; the claims' periodic
+    :func:`~django_dbqueue.queue.keys.release_parked` covers those.)
+    """
+    keys = [key for job in jobs if (key := job.__dict__.get("concurrency_key")) is not None]
+    if not keys:
+        return
+    queues = release_freed(model, using, keys)
+    if queues:
+        from django_dbqueue.worker import wakeup
+
+        wakeup.notify(queues)
 
 
 def _case(qn: Any, name: str, count: int) -> str:
@@ -163,11 +184,16 @@ def finish_failed_attempt(
         return None
     for name, value in fields.items():
         setattr(job, name, value)
+    free_slots(model, using, [job])
     return str(fields["status"])
 
 
 def give_back(model: type[Job], using: str, owner: str, ids: Sequence[int]) -> int:
-    """Return claimed jobs that never started: runnable at once, attempt not counted."""
+    """Return claimed jobs that never started: runnable at once, attempt not counted.
+
+    Their keys' parked jobs stay parked: a job given back is runnable at once and takes
+    its slot again at the next claim, which would only park a released one again.
+    """
     if not ids:
         return 0
     return (
@@ -179,11 +205,14 @@ def give_back(model: type[Job], using: str, owner: str, ids: Sequence[int]) -> i
 
 def cancel_claimed(model: type[Job], using: str, owner: str, job: Job, reason: str) -> bool:
     now = timezone.now()
-    return bool(
+    cancelled = bool(
         owned(model, using, owner)
         .filter(id=job.id)
         .update(status=CANCELLED, finished_at=now, unique_key=None, last_error=reason)
     )
+    if cancelled:
+        free_slots(model, using, [job])
+    return cancelled
 
 
 def retry_later(
@@ -204,4 +233,5 @@ def retry_later(
     )
     if updated:
         job.status, job.run_after, job.attempts = QUEUED, run_after, job.attempts - 1
+        free_slots(model, using, [job])
     return bool(updated)

@@ -1,8 +1,9 @@
 """New rows: the one-row INSERT behind ``enqueue`` and the multi-row one of ``enqueue_many``.
 
-Neither goes through ``Model.save`` or ``bulk_create``: the statement is built once per
+Neither goes through ``Model.save`` or ``bulk_create``: the statements are built once per
 database connection and the values enqueue validated are bound as they are (the JSON
-text it already made, the columns it does not set prepared once).
+text it already made, the columns it does not set prepared once, and in a one-row INSERT
+the nullable columns it leaves NULL not named at all).
 """
 
 from __future__ import annotations
@@ -46,26 +47,58 @@ class OneRowInsert:
             for f in self.fields
             if not callable(f.default)
         }
-        qn = conn.ops.quote_name
+        # Nullable columns whose default is NULL, as the table's own default is (Django
+        # sets none): a one-row INSERT names them only when the job sets them. A new job
+        # sets few, and each bound parameter costs the driver (MySQLdb escapes each in
+        # Python) more than the statement's text does.
+        self.optional = [
+            f.attname
+            for f in self.fields
+            if f.null and not (f.has_default() and callable(f.default)) and f.get_default() is None
+        ]
+        self.qn = conn.ops.quote_name
+        self.table = self.qn(model._meta.db_table)
+        # (unique, notify, which optional columns are set) -> (INSERT, its columns)
+        self.statements: dict[tuple[bool, bool, tuple[bool, ...]], tuple[str, list[str]]] = {}
+
+    def _statement(
+        self, unique: bool, notify: bool, present: tuple[bool, ...]
+    ) -> tuple[str, list[str]]:
+        left_out = {name for name, set_ in zip(self.optional, present, strict=True) if not set_}
+        names = [name for name in self.names if name not in left_out]
         # PostgreSQL binds JSON as text with a cast (enqueue has the text already);
         # MySQL and SQLite take JSON as text anyway.
-        cast = "::jsonb" if conn.vendor == "postgresql" else ""
-        values = ", ".join(f"%s{cast}" if n in self.json else "%s" for n in self.names)
-        self.table = table = qn(model._meta.db_table)
-        columns = ", ".join(qn(n) for n in self.names)
-        self.sql = {
-            (unique, notify): insert_one_sql(conn, table, columns, values, unique, notify)
-            for unique in (False, True)
-            for notify in ((False, True) if conn.vendor == "postgresql" else (False,))
-        }
+        cast = "::jsonb" if self.conn.vendor == "postgresql" else ""
+        values = ", ".join(f"%s{cast}" if n in self.json else "%s" for n in names)
+        columns = ", ".join(self.qn(n) for n in names)
+        return insert_one_sql(self.conn, self.table, columns, values, unique, notify), names
 
-    def params(self, values: Mapping[str, Any], json_text: Mapping[str, str]) -> list[Any]:
-        """The row's parameters: ``values`` by column name (JSON columns by their text in
-        ``json_text`` where given), every other column its default."""
+    def one_row(
+        self, values: Mapping[str, Any], json_text: Mapping[str, str], unique: bool, notify: bool
+    ) -> tuple[str, list[Any]]:
+        """The INSERT of one job and its parameters (see :meth:`params`), naming only
+        the optional columns the job sets."""
+        present = tuple([values.get(name) is not None for name in self.optional])
+        key = (unique, notify, present)
+        statement = self.statements.get(key)
+        if statement is None:
+            statement = self.statements[key] = self._statement(unique, notify, present)
+        sql, names = statement
+        return sql, self.params(values, json_text, names)
+
+    def params(
+        self,
+        values: Mapping[str, Any],
+        json_text: Mapping[str, str],
+        names: list[str] | None = None,
+    ) -> list[Any]:
+        """The row's parameters for ``names`` (default: every column): ``values`` by
+        column name (JSON columns by their text in ``json_text`` where given), every
+        other column its default."""
         params: list[Any] = []
         adapt_datetime = self.conn.ops.adapt_datetimefield_value
         adapted = self.adapted  # run_after and created_at: one "now" for many jobs
-        for name in self.names:
+        for name in self.names if names is None else names:
             if name in json_text:
                 params.append(json_text[name])
             elif name in values:
@@ -102,7 +135,7 @@ def _plan(model: type[Job], conn: BaseDatabaseWrapper) -> OneRowInsert:
 
 def insert_one(
     model: type[Job],
-    using: str,
+    conn: BaseDatabaseWrapper,
     values: Mapping[str, Any],
     json_text: Mapping[str, str],
     unique: bool,
@@ -116,13 +149,11 @@ def insert_one(
     of a ``pg_notify`` made by the same statement for an inserted row, so it is
     delivered when the transaction commits and dropped if it rolls back.
     """
-    conn = connections[using]
-    plan = _plan(model, conn)
-    params = plan.params(values, json_text)
+    sql, params = _plan(model, conn).one_row(values, json_text, unique, notify is not None)
     if notify is not None:
         params += notify
     with conn.cursor() as cursor:
-        cursor.execute(plan.sql[unique, notify is not None], params)
+        cursor.execute(sql, params)
         if conn.vendor == "postgresql":
             row = cursor.fetchone()
             return None if row is None else int(row[0])

@@ -9,6 +9,7 @@ row whose ``due_at`` only one of them can move forward.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -33,6 +34,7 @@ DEFAULT_RETENTION: dict[str, timedelta | None] = {
     CANCELLED: timedelta(days=7),
 }
 PRUNE_DUTY = "prune"
+logger = logging.getLogger("django_dbqueue.retention")
 
 
 def as_timedelta(value: object, what: str) -> timedelta | None:
@@ -100,11 +102,14 @@ def prune(
     batch_size: int | None = None,
     max_seconds: float | None = None,
     on_batch: Callable[[str, int], None] | None = None,
+    pause: float = 0.0,
 ) -> tuple[int, bool]:
     """Delete finished jobs older than their cutoff, a batch of ids at a time.
 
     Stops after ``max_seconds`` (when given) so a worker's turn stays short; what is left
-    goes in the next run. Returns (rows deleted, whether everything due was deleted).
+    goes in the next run. After each batch it sleeps ``pause`` times as long as the batch
+    took, leaving the database to the drain in between. Returns (rows deleted, whether
+    everything due was deleted).
     """
     size = int(batch_size or settings.PRUNE_BATCH_SIZE)
     if size < 1:
@@ -117,6 +122,7 @@ def prune(
         while True:
             if deadline is not None and time.monotonic() >= deadline:
                 return deleted, False
+            batch_started = time.monotonic()
             ids = list(
                 jobs.filter(status=cutoff.status, finished_at__lt=cutoff.before)
                 .order_by("finished_at", "id")
@@ -131,6 +137,8 @@ def prune(
                 on_batch(cutoff.status, count)
             if len(ids) < size:
                 break
+            if pause:
+                time.sleep(pause * (time.monotonic() - batch_started))
     return deleted, True
 
 
@@ -152,6 +160,21 @@ def claim_duty(name: str, interval: float, now: datetime | None = None) -> bool:
     return True
 
 
+def _log_batch(status: str, count: int) -> None:
+    logger.debug(
+        "Retention: one DELETE removed %s %s job(s)",
+        count,
+        status,
+        extra={"event": "prune_batch", "status": status, "rows": count},
+    )
+
+
+# In a worker's turn, each DELETE is followed by a pause three times as long as it took:
+# the turn spends at most a quarter of its time deleting, and the drain beside it keeps
+# the database (SQLite's single write lock above all; see docs/benchmarks.md).
+TURN_PAUSE = 3.0
+
+
 # A run that ran out of time comes back this soon (not a whole interval later), so a
 # backlog of old rows is worked off in short turns instead of never catching up.
 BACKLOG_RETRY = 5.0
@@ -165,7 +188,12 @@ def prune_if_due(max_seconds: float = 0.5) -> int | None:
     if not claim_duty(PRUNE_DUTY, interval, now):
         return None
     started = time.monotonic()
-    deleted, complete = prune(cutoffs(retention_policy(), now), max_seconds=max_seconds)
+    deleted, complete = prune(
+        cutoffs(retention_policy(), now),
+        max_seconds=max_seconds,
+        on_batch=_log_batch,
+        pause=TURN_PAUSE,
+    )
     prune_ticks(now)
     # Concurrency keys no waiting or running job uses, in what is left of the turn.
     left = max(0.0, max_seconds - (time.monotonic() - started))

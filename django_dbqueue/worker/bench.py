@@ -10,12 +10,14 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings as django_settings
 from django.db import connections, router, transaction
 from django.utils import timezone
 
+from django_dbqueue.conf import settings
 from django_dbqueue.enqueueing import enqueue, enqueue_many, new_job
 from django_dbqueue.models import Job
 from django_dbqueue.registry import job
@@ -107,11 +109,12 @@ def bench_drain(
     keys: int = 0,
     key_limit: int = 1,
     threads: int = 1,
+    queue: str | None = None,
 ) -> float:
     """Enqueue ``count`` jobs (no-op, or sleeping ``job_ms``), then time ``workers``
     processes of ``threads`` threads draining them. ``keys``: the jobs take turns over
     that many concurrency keys, at most ``key_limit`` of each running at once
-    (docs/concurrency.md)."""
+    (docs/concurrency.md). ``queue``: the jobs' queue, and the only one drained."""
 
     def spec(n: int) -> dict[str, Any]:
         one: dict[str, Any] = {"task": sleep_ms, "args": [job_ms]} if job_ms else {"task": noop}
@@ -119,12 +122,18 @@ def bench_drain(
             one.update(concurrency_key=f"bench:{n % keys}", concurrency_limit=key_limit)
         return one
 
-    enqueue_many(spec(n) for n in range(count))
-    options: dict[str, Any] = {"burst": True, "batch_size": batch_size, "threads": threads}
+    queue = queue or str(settings.DEFAULT_QUEUE)
+    enqueue_many({**spec(n), "queue": queue} for n in range(count))
+    options: dict[str, Any] = {
+        "burst": True,
+        "batch_size": batch_size,
+        "threads": threads,
+        "queues": [queue],
+    }
     started = time.perf_counter()
     stats = Supervisor(workers, options).run()
     elapsed = time.perf_counter() - started
-    left = Job.objects.filter(status=Job.Status.QUEUED).count()
+    left = Job.objects.filter(status=Job.Status.QUEUED, queue=queue).count()
     if left or stats.done != count:
         raise RuntimeError(f"drain incomplete: {stats.done} done, {left} left of {count}")
     return _rate(count, elapsed)
@@ -176,10 +185,14 @@ def bench_latency(samples: int) -> dict[str, float]:
     return {"p50": statistics.median(latencies), "p90": cuts[89], "p99": cuts[98]}
 
 
-def fill_history(rows: int, report: Callable[[str], None]) -> float:
-    """Insert ``rows`` finished jobs, as a busy site has after a while."""
+def fill_history(
+    rows: int, report: Callable[[str], None], finished_at: datetime | None = None
+) -> float:
+    """Insert ``rows`` finished jobs, as a busy site has after a while (finished now, or
+    at ``finished_at``)."""
     using = router.db_for_write(Job)
     now = timezone.now()
+    finished = finished_at or now
     chunk = 5000
     started = time.perf_counter()
     done = 0
@@ -191,9 +204,9 @@ def fill_history(rows: int, report: Callable[[str], None]) -> float:
                     "task": "django_dbqueue.worker.bench.noop",
                     "status": Job.Status.DONE,
                     "owner": "bench-history",
-                    "created_at": now - timedelta(seconds=rows - done - i),
-                    "run_after": now,
-                    "finished_at": now,
+                    "created_at": finished - timedelta(seconds=rows - done - i),
+                    "run_after": finished,
+                    "finished_at": finished,
                     "attempts": 1,
                     "errors": [],
                 }
@@ -213,3 +226,79 @@ def fill_history(rows: int, report: Callable[[str], None]) -> float:
             cursor.execute("ANALYZE TABLE dbqueue_job")
             cursor.fetchall()
     return time.perf_counter() - started
+
+
+# The duties benchmark: a queue of its own for the schedule's ticks, which the drain
+# leaves alone, and the busy arm's settings.
+TICKS_QUEUE = "dbqueue-bench-ticks"
+BUSY_DUTIES: dict[str, Any] = {
+    # A tick every second, enqueued by the draining supervisor.
+    "SCHEDULE": {
+        "dbqueue-bench-tick": {"task": f"{__name__}.noop", "every": 1, "queue": TICKS_QUEUE}
+    },
+    # Every old row is due, and the supervisor takes a turn every 5 s (each prunes for
+    # up to 0.5 s): twice as often as a backlog is worked off with the default settings
+    # (a supervisor asks every 10 s at most).
+    "RETENTION": {"done": 3600},
+    "RETENTION_INTERVAL": 5.0,
+}
+IDLE_DUTIES: dict[str, Any] = {
+    "SCHEDULE": {},
+    "RETENTION": {"done": None, "failed": None, "cancelled": None},
+}
+
+
+def _settle(using: str) -> None:
+    """Between the arms: no leftover ticks or turns, and on PostgreSQL no dead rows from
+    the arm before (this benchmark deletes and refills hundreds of thousands of rows)."""
+    from django_dbqueue.models import Duty, ScheduleTick
+
+    ScheduleTick.objects.using(using).all().delete()
+    Duty.objects.using(using).all().delete()
+    Job.objects.using(using).all().delete()
+    if connections[using].vendor == "postgresql":
+        with connections[using].cursor() as cursor:
+            cursor.execute("VACUUM ANALYZE dbqueue_job")
+
+
+def bench_duties(
+    count: int,
+    workers: int,
+    batch_size: int | None,
+    history: int,
+    rounds: int,
+    report: Callable[[str], None],
+) -> dict[str, float]:
+    """What the supervisors' duties cost a drain: ``count`` no-op jobs drained beside
+    ``history`` rows that finished two days ago, with the duties idle (no schedule, no
+    retention) and busy (:data:`BUSY_DUTIES`: a tick every second, and retention pruning
+    those rows while the drain runs), interleaved over ``rounds``; medians."""
+    from django.test import override_settings
+
+    using = router.db_for_write(Job)
+    old = timezone.now() - timedelta(days=2)
+    base = dict(getattr(django_settings, "DBQUEUE", {}) or {})
+    queues = [*settings.QUEUES, TICKS_QUEUE]
+    rates: dict[str, list[float]] = {"idle": [], "busy": []}
+    pruned = 0
+    arms = [("idle", IDLE_DUTIES), ("busy", BUSY_DUTIES)]
+    for index in range(rounds):
+        # Each arm goes first in every other round: what one arm leaves behind (InnoDB's
+        # purge of the rows deleted before it, say) weighs on both alike.
+        for arm, duties in arms if index % 2 == 0 else arms[::-1]:
+            _settle(using)
+            fill_history(history, lambda line: None, finished_at=old)
+            with override_settings(DBQUEUE={**base, **duties, "QUEUES": queues}):
+                rate = bench_drain(count, workers, batch_size)
+            if arm == "busy":
+                pruned += history - Job.objects.using(using).filter(finished_at=old).count()
+            rates[arm].append(rate)
+            report(f"  round {index + 1}, duties {arm}: {rate:,.0f} jobs/s")
+    _settle(using)
+    idle, busy = statistics.median(rates["idle"]), statistics.median(rates["busy"])
+    return {
+        "drain_duties_idle_per_s": idle,
+        "drain_duties_busy_per_s": busy,
+        "duties_cost_pct": 100 * (idle - busy) / idle,
+        "duties_pruned_per_round": pruned / rounds,
+    }

@@ -29,7 +29,7 @@ class Duties:
         self.pauses = PauseWatcher(queues)
         self.note = note
         self._ask_every = min(PRUNE_ASK_EVERY, float(settings.RETENTION_INTERVAL))
-        self._prune_at = time.monotonic() + self._ask_every
+        self._prune_at = time.monotonic()  # ask at start: a --burst run may be short
         self._last_note = ""
 
     def run(self) -> None:

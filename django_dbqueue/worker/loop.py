@@ -108,6 +108,7 @@ class Worker:
         self._pauses = PauseWatcher(self.queues)
         self._listener: wakeup.Listener | None = None
         self._listen_retry_at = 0.0
+        self._claim_began = 0.0  # time.monotonic() when the last claim began (see _idle)
 
     def _own_slot(self) -> Slot:
         """The slot of a worker run unsupervised, where its heartbeat thread reads it."""
@@ -180,21 +181,8 @@ class Worker:
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
                 logger.warning("Worker %s: supervisor is gone, stopping", self.name)
                 break
-            try:
-                refresh_connections()
-                jobs = self._claim()
-                failures = 0
-            except TRANSIENT_ERRORS as exc:
-                failures += 1
-                logger.warning(
-                    "Worker %s: database error while claiming (%s); retrying in %.1f s",
-                    self.name,
-                    exc,
-                    backoff(failures),
-                    extra=self._extra("db_error"),
-                )
-                refresh_connections()
-                self.stopping.wait(backoff(failures))
+            jobs, failures = self._claim_or_back_off(failures)
+            if jobs is None:
                 continue
             if not jobs and jobs.contended:
                 continue  # other workers took what we saw; there is more: ask again
@@ -208,6 +196,26 @@ class Worker:
             idle_sleep = float(settings.MIN_POLL_INTERVAL)
             self._run_batch(jobs)
             self._flush(force=True)
+
+    def _claim_or_back_off(self, failures: int) -> tuple[Claimed | None, int]:
+        """One claim, and the count of database errors in a row since the last good one.
+        A transient error is logged and waited out here, longer each time: (None, count)."""
+        try:
+            refresh_connections()
+            self._claim_began = time.monotonic()
+            return self._claim(), 0
+        except TRANSIENT_ERRORS as exc:
+            failures += 1
+            logger.warning(
+                "Worker %s: database error while claiming (%s); retrying in %.1f s",
+                self.name,
+                exc,
+                backoff(failures),
+                extra=self._extra("db_error"),
+            )
+            refresh_connections()
+            self.stopping.wait(backoff(failures))
+            return None, failures
 
     def _listen(self) -> float:
         """Open the wake-up listener if there is none (retried every 30 s); returns now."""
@@ -230,7 +238,17 @@ class Worker:
             return True  # it may have missed a pause: read the paused set again
 
     def _idle(self, poll_sleep: float) -> None:
-        """Wait for a wake-up notification, or for the next poll when there is none."""
+        """Wait for a wake-up notification, or for the next poll when there is none.
+
+        One announcement may stand for several jobs: a process announces the same queues
+        at most once per ``wakeup.COALESCE`` seconds, so a job committed just after an
+        announcement goes unannounced. Every worker that heard that announcement begins
+        a claim no earlier than ``COALESCE`` after hearing it, which is after such a job
+        committed: when the claim that came back empty began before then, one more
+        follows at ``heard_at + COALESCE`` (the reasoning is in worker/wakeup.py,
+        "Coalescing"). What counts is when the claim began, not when it returned: its
+        reads see what was committed when it began.
+        """
         now = self._listen()
         if self._listener is None:
             self.stopping.wait(poll_sleep)
@@ -239,6 +257,9 @@ class Worker:
         # net (and picks up jobs whose run_after has come). Short slices keep a stop
         # signal from waiting out the whole interval.
         deadline = now + float(settings.POLL_INTERVAL)
+        recheck = self._listener.heard_at + wakeup.COALESCE
+        if recheck > self._claim_began:
+            deadline = min(deadline, recheck)  # in the past: claim again at once
         try:
             while not self.stopping.is_set() and (left := deadline - time.monotonic()) > 0:
                 if self._listener.wait(min(left, 0.25)):

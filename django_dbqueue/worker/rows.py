@@ -42,14 +42,20 @@ class Beat:
 def register(
     name: str, pid: int, role: str, queues: list[str], supervisor: str = ""
 ) -> WorkerProcess:
-    return WorkerProcess.objects.create(
+    """The process's row. Idempotent: a retry after a lost reply (the INSERT committed,
+    then the connection died before saying so, as in a database restart) finds its own
+    row instead of failing on the unique name."""
+    row, _ = WorkerProcess.objects.update_or_create(
         name=name,
-        host=socket.gethostname(),
-        pid=pid,
-        role=role,
-        supervisor=supervisor,
-        queues=queues,
+        defaults={
+            "host": socket.gethostname(),
+            "pid": pid,
+            "role": role,
+            "supervisor": supervisor,
+            "queues": queues,
+        },
     )
+    return row
 
 
 def beat(beats: list[Beat]) -> None:

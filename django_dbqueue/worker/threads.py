@@ -33,7 +33,7 @@ from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import JobCancelled, JobTimeout, RetryJob, WorkerShutdown
 from django_dbqueue.models import Job
 from django_dbqueue.queue.claim import Claimed
-from django_dbqueue.worker.connections import TRANSIENT_ERRORS, backoff, refresh_connections
+from django_dbqueue.worker.connections import refresh_connections
 from django_dbqueue.worker.execution import call_job
 from django_dbqueue.worker.liveness import wall_time
 from django_dbqueue.worker.loop import Worker
@@ -131,7 +131,7 @@ class ThreadedWorker(Worker):
             limit = min(self.claim_size(), len(self._free))
             if self.max_jobs is not None:
                 limit = min(limit, self.max_jobs - self._claimed)
-        queues = self._pauses.active()
+        queues = self._pauses.active(self._switched())
         if limit <= 0 or not queues:
             return Claimed()
         jobs = Job.objects.claim(self.name, limit, queues)
@@ -184,21 +184,8 @@ class ThreadedWorker(Worker):
             if waiting >= self.threads:
                 self._wait(0.1)
                 continue
-            try:
-                refresh_connections()
-                jobs = self._claim()
-                failures = 0
-            except TRANSIENT_ERRORS as exc:
-                failures += 1
-                logger.warning(
-                    "Worker %s: database error while claiming (%s); retrying in %.1f s",
-                    self.name,
-                    exc,
-                    backoff(failures),
-                    extra=self._extra("db_error"),
-                )
-                refresh_connections()
-                self.stopping.wait(backoff(failures))
+            jobs, failures = self._claim_or_back_off(failures)
+            if jobs is None:
                 continue
             if not jobs and jobs.contended:
                 continue

@@ -4,18 +4,27 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import time
 from collections.abc import Callable
 
 import pytest
+from django.conf import settings
+from django.test import override_settings
 from django.utils import timezone
 
 from django_dbqueue import enqueue
 from django_dbqueue.exceptions import InvalidJob
 from django_dbqueue.models import ConcurrencyKey, Job
-from django_dbqueue.queue.finish import finish_failed_attempt, give_back
+from django_dbqueue.queue.finish import (
+    cancel_claimed,
+    finish_done,
+    finish_failed_attempt,
+    give_back,
+    retry_later,
+)
 from django_dbqueue.queue.keys import PARKED_UNTIL, release_parked
 from testproject.models import Execution
-from tests.support import Processes, jobs, wait_until
+from tests.support import CURRENT_VENDOR, Processes, jobs, wait_until
 
 S = Job.Status
 
@@ -82,6 +91,23 @@ def free_delete(job: Job) -> None:
     Job.objects.filter(pk=job.pk).delete()
 
 
+def free_finish_done(job: Job) -> None:
+    assert finish_done(Job, "default", "w1", [job]) == {job.pk}
+
+
+def free_cancel_claimed(job: Job) -> None:
+    assert cancel_claimed(Job, "default", "w1", job, "stopped")
+
+
+def free_retry_later(job: Job) -> None:
+    assert retry_later(Job, "default", "w1", job, 60, "later")
+
+
+# The worker's own writes release the key's parked jobs themselves (queue/finish.py);
+# the others are left to release_parked, before the next claims.
+RELEASE_THEMSELVES = (free_retry, free_finish_done, free_cancel_claimed, free_retry_later)
+
+
 def free_lease_expiry(job: Job) -> None:
     from django_dbqueue.queue.leases import recover_expired
 
@@ -92,7 +118,17 @@ def free_lease_expiry(job: Job) -> None:
 @pytest.mark.django_db
 @pytest.mark.parametrize(
     "leave",
-    [free_done, free_retry, free_give_back, free_cancel, free_delete, free_lease_expiry],
+    [
+        free_done,
+        free_retry,
+        free_give_back,
+        free_cancel,
+        free_delete,
+        free_lease_expiry,
+        free_finish_done,
+        free_cancel_claimed,
+        free_retry_later,
+    ],
 )
 def test_every_way_out_of_claimed_frees_the_slot_once(leave: Callable[[Job], None]) -> None:
     first = enqueue(jobs.noop, concurrency_key="k", max_attempts=5)
@@ -102,13 +138,15 @@ def test_every_way_out_of_claimed_frees_the_slot_once(leave: Callable[[Job], Non
     assert claim() == []
 
     leave(running)
-    assert release_parked(Job, "default", lock=False, force=True) == 1
+    released = release_parked(Job, "default", lock=False, force=True)
+    assert released == (0 if leave in RELEASE_THEMSELVES else 1)
+    assert not Job.objects.filter(pk=second.pk, run_after=PARKED_UNTIL).exists()
 
     again = claim()
     assert len(again) == 1, "one slot, one job"
     assert claim() == []
     assert Job.objects.filter(concurrency_key="k", status=S.CLAIMED).count() == 1
-    if leave is not free_retry and leave is not free_give_back and leave is not free_lease_expiry:
+    if leave not in (free_retry, free_give_back, free_lease_expiry):
         assert again[0].pk == second.pk
 
 
@@ -261,3 +299,165 @@ def test_release_takes_turns_over_more_flagged_keys_than_one_call_reads(
     assert runnable() == ["a", "b"]
     release_parked(Job, "default", lock=False, force=True)
     assert "c" in runnable(), "the next call starts after b, not at a again"
+
+
+def claim_statements(keys: int, monkeypatch: pytest.MonkeyPatch) -> int:
+    """Statements one claim of 2 jobs per key over ``keys`` keys (limit 1) sends."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from django_dbqueue.queue import keys as keys_module
+
+    for n in range(keys):
+        for _ in range(2):
+            enqueue(jobs.noop, concurrency_key=f"batch:{keys}:{n}")
+    # The periodic release before a claim is not what is counted here.
+    monkeypatch.setattr(keys_module, "_last_release", {"default": time.monotonic()})
+    monkeypatch.setattr(keys_module, "RELEASE_INTERVAL", 3600.0)
+    with CaptureQueriesContext(connection) as queries:
+        claimed = claim(n=2 * keys)
+    assert len(claimed) == keys, "one job of each key; the other one parks"
+    Job.objects.filter(status=S.CLAIMED).update(status=S.DONE)
+    return len(queries.captured_queries)
+
+
+@pytest.mark.django_db
+def test_a_claim_over_many_keys_sends_as_many_statements_as_over_a_few(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    few = claim_statements(3, monkeypatch)
+    many = claim_statements(60, monkeypatch)
+    assert many == few, f"{few} statements for 3 keys, {many} for 60"
+    assert few <= 12
+
+
+@pytest.mark.django_db
+def test_a_release_over_many_keys_sends_as_many_statements_as_over_a_few() -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def release_statements(keys: int) -> int:
+        for n in range(keys):
+            for _ in range(3):
+                enqueue(jobs.noop, concurrency_key=f"release:{keys}:{n}")
+        assert len(claim(n=3 * keys)) == keys
+        Job.objects.filter(status=S.CLAIMED).update(status=S.DONE, finished_at=timezone.now())
+        with CaptureQueriesContext(connection) as queries:
+            assert release_parked(Job, "default", lock=False, force=True) == keys
+        Job.objects.filter(concurrency_key__startswith=f"release:{keys}:").delete()
+        ConcurrencyKey.objects.filter(key__startswith=f"release:{keys}:").update(parked=False)
+        return len(queries.captured_queries)
+
+    few, many = release_statements(2), release_statements(40)
+    assert many == few, f"{few} statements for 2 keys, {many} for 40"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("case", ["Key", "key "])
+def test_keys_the_database_takes_for_one_share_one_limit_there(case: str) -> None:
+    """MariaDB's collation takes "Key" (and "key ") for "key": one row, one limit, as
+    for any other lookup there. Elsewhere they are two keys."""
+    from django.db import connection
+
+    enqueue(jobs.noop, concurrency_key="key")
+    claim()
+    other = enqueue(jobs.noop, concurrency_key=case)
+    one_key = connection.vendor == "mysql"
+    assert [j.pk for j in claim("w2")] == ([] if one_key else [other.pk])
+    Job.objects.filter(status=S.CLAIMED, concurrency_key="key").update(status=S.DONE)
+    release_parked(Job, "default", lock=False, force=True)
+    assert [j.pk for j in claim("w2")] == ([other.pk] if one_key else [])
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.only_vendor("mysql", "postgresql")
+def test_a_batch_locks_its_key_rows_in_key_order() -> None:
+    """The row of each key is locked in key order, however the rows lie in the table:
+    a claim waiting on one key holds the keys before it and none after it."""
+    import threading
+
+    from django.db import connection, connections, transaction
+
+    from django_dbqueue.queue.keys import lock_keys
+
+    keys = [f"order:{n:03d}" for n in range(100)]
+    # Inserted backwards, so that the id order is the reverse of the key order.
+    ConcurrencyKey.objects.bulk_create([ConcurrencyKey(key=key) for key in reversed(keys)])
+    held, done = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                lock_keys(connections["default"], [keys[50]], lock=True)
+                held.set()
+                done.wait(30)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+            held.set()
+        finally:
+            connections.close_all()
+
+    def batch() -> None:
+        try:
+            with transaction.atomic():
+                lock_keys(connections["default"], list(reversed(keys)), lock=True)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    holder, batcher = threading.Thread(target=hold), threading.Thread(target=batch)
+    holder.start()
+    assert held.wait(30)
+    batcher.start()
+    time.sleep(1.0)  # the batch now waits on key 50
+    try:
+        with transaction.atomic(), connection.cursor() as cursor:
+            table = connection.ops.quote_name("dbqueue_concurrency")
+            column = connection.ops.quote_name("key")
+            cursor.execute(
+                f"SELECT {column} FROM {table} WHERE {column} LIKE %s "  # noqa: S608
+                f"ORDER BY {column} FOR UPDATE SKIP LOCKED",
+                ["order:%"],
+            )
+            free = [row[0] for row in cursor.fetchall()]
+    finally:
+        done.set()
+        holder.join(30)
+        batcher.join(30)
+    assert not errors
+    assert free == keys[51:], "keys 0-49 held by the waiting batch, 50 by the holder"
+
+
+WAKE = {} if CURRENT_VENDOR == "postgresql" else {"WAKEUP_REDIS_ALIAS": "redis"}
+
+
+@pytest.mark.parametrize("outcome", ["done", "failed", "cancelled"])
+def test_a_parked_job_starts_as_soon_as_its_keys_holder_finishes(
+    outcome: str, processes: Processes, worker_env: Callable[..., dict[str, str]]
+) -> None:
+    """Not at the next poll (30 s), nor at a claim's periodic release (the only worker
+    is idle): the write that frees the slot releases the parked job and wakes workers."""
+    holder = enqueue(jobs.noop, concurrency_key="probe:p", max_attempts=1)
+    waiting = enqueue(jobs.keyed_probe, args=["p", 1])
+    [held] = Job.objects.claim("elsewhere", 1)
+    assert held.pk == holder.pk
+    env = worker_env(POLL_INTERVAL=30, MIN_POLL_INTERVAL=30, **WAKE)
+    proc = processes.run_jobs(env=env)
+    wait_until(lambda: Job.objects.get(pk=waiting.pk).run_after == PARKED_UNTIL, timeout=60)
+    time.sleep(1.5)  # the worker's claim came back empty: it waits for a wake-up
+
+    began = time.monotonic()
+    with override_settings(DBQUEUE={**settings.DBQUEUE, **WAKE}):  # as the worker has it
+        if outcome == "done":
+            assert finish_done(Job, "default", "elsewhere", [held]) == {held.pk}
+        elif outcome == "failed":
+            failed = finish_failed_attempt(Job, "default", "elsewhere", held, "boom", "E")
+            assert failed == S.FAILED
+        else:
+            assert cancel_claimed(Job, "default", "elsewhere", held, "stopped")
+    wait_until(lambda: Job.objects.get(pk=waiting.pk).status == S.DONE, timeout=60)
+    took = time.monotonic() - began
+    stop(proc)
+    assert took < 10, f"the parked job ran {took:.1f} s after its slot freed"

@@ -137,3 +137,30 @@ def test_a_unique_enqueue_that_returns_the_holder_notifies_nobody(
         assert not listener.wait(0.3)
     finally:
         listener.close()
+
+
+def test_a_one_row_insert_names_only_the_nullable_columns_the_job_sets() -> None:
+    connection.ensure_connection()
+    with statements() as seen:
+        bare = enqueue(jobs.noop)
+        full = enqueue(
+            jobs.noop,
+            timeout=2.5,
+            retry_backoff=3,
+            unique_key="named",
+            concurrency_key="customer:1",
+            concurrency_limit=2,
+        )
+    inserts = [sql for sql in seen if sql.startswith("INSERT INTO") and "dbqueue_job" in sql]
+    assert len(inserts) == 2, seen
+    for column in ("timeout", "unique_key", "concurrency_key", "result", "started_at"):
+        assert column not in inserts[0], inserts[0]
+    for column in ("timeout", "retry_backoff", "unique_key", "concurrency_limit"):
+        assert column in inserts[1], inserts[1]
+    stored = Job.objects.get(pk=bare.pk)
+    assert (stored.timeout, stored.unique_key, stored.concurrency_key) == (None, None, None)
+    assert (stored.result, stored.started_at, stored.finished_at) == (None, None, None)
+    stored = Job.objects.get(pk=full.pk)
+    assert (stored.timeout, stored.retry_backoff) == (2.5, 3)
+    assert (stored.unique_key, stored.origin_unique_key) == ("named", "named")
+    assert (stored.concurrency_key, stored.concurrency_limit) == ("customer:1", 2)

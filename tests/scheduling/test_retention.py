@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 from io import StringIO
+from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -91,6 +92,19 @@ def test_prune_stops_at_its_time_budget_and_says_it_is_not_done() -> None:
     )
     assert (deleted, complete) == (0, False)
     assert counts()["done"] == 30
+
+
+def test_a_workers_turn_pauses_after_each_delete_in_proportion_to_it(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    settings.DBQUEUE = {"PRUNE_BATCH_SIZE": 10}
+    make("done", timedelta(days=2), 25)
+    pauses: list[float] = []
+    monkeypatch.setattr(retention.time, "sleep", pauses.append)
+    assert retention.prune_if_due() == 25
+    # After the two full batches (10 + 10), none after the last (5): nothing is left.
+    assert len(pauses) == 2
+    assert all(0 < pause < 5 for pause in pauses)
 
 
 def test_only_one_caller_per_interval_gets_the_duty() -> None:

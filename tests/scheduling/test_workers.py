@@ -122,15 +122,18 @@ def test_pause_stops_claiming_within_a_poll_interval_and_resume_finishes_the_dra
     ) == {(Job.Status.DONE, 1)}
 
 
+@pytest.mark.parametrize("threads", ["1", "4"])
 def test_pause_reaches_busy_workers_at_once_through_the_wakeup_channel(
-    processes: Processes, worker_env: Callable[..., dict[str, str]]
+    processes: Processes, worker_env: Callable[..., dict[str, str]], threads: str
 ) -> None:
     # POLL_INTERVAL 10 s: without the announcement the drain would run on for seconds.
     created = enqueue_many(
         {"task": jobs.sleep, "args": [0.004], "queue": "emails"} for _ in range(2000)
     )
     env = worker_env(**WAKE, BATCH_SIZE=10, POLL_INTERVAL=10)
-    proc = processes.run_jobs("--concurrency", "2", "--queue", "emails", env=env)
+    proc = processes.run_jobs(
+        "--concurrency", "2", "--threads", threads, "--queue", "emails", env=env
+    )
     done = Job.objects.filter(queue="emails", status=Job.Status.DONE)
     wait_until(lambda: done.count() >= 200, timeout=120)
     with override_settings(DBQUEUE={**django_settings.DBQUEUE, **WAKE}):
@@ -160,7 +163,7 @@ def test_pause_reaches_busy_workers_at_once_through_the_wakeup_channel(
 
 
 def test_pruning_many_old_rows_during_a_drain_loses_no_unfinished_job(
-    processes: Processes, worker_env: Callable[..., dict[str, str]]
+    processes: Processes, worker_env: Callable[..., dict[str, str]], tmp_path: Path
 ) -> None:
     old = timezone.now() - timedelta(days=3)
     history = 200_000
@@ -175,6 +178,8 @@ def test_pruning_many_old_rows_during_a_drain_loses_no_unfinished_job(
     created = enqueue_many({"task": jobs.add, "args": [i, 1]} for i in range(2000))
     # Turns every 0.2 s, of 2,000 ids a DELETE (still short): the backlog goes in seconds.
     env = worker_env(RETENTION_INTERVAL=0.2, PRUNE_BATCH_SIZE=2000)
+    log = tmp_path / "retention.log"
+    env["DBQUEUE_TEST_LOG_FILE"] = str(log)
     proc = processes.run_jobs("--concurrency", "2", env=env)
     old_rows = Job.objects.filter(status=Job.Status.DONE, finished_at__lte=old)
     wait_until(lambda: not old_rows.exists(), timeout=240)
@@ -184,3 +189,13 @@ def test_pruning_many_old_rows_during_a_drain_loses_no_unfinished_job(
     proc.wait(timeout=60)
     assert sorted(waiting.values_list("result", flat=True)) == sorted(i + 1 for i in range(2000))
     assert Job.objects.count() == 2000
+    # Every DELETE the workers ran, as they logged it: none over the batch size, and
+    # together exactly the old rows.
+    batches = [
+        int(line.split("removed ")[1].split()[0])
+        for line in log.read_text().splitlines()
+        if "one DELETE removed" in line
+    ]
+    assert max(batches) == 2000
+    assert sum(batches) == history
+    assert len(batches) >= history // 2000

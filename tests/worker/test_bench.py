@@ -135,3 +135,20 @@ def test_bench_drains_keyed_jobs() -> None:
     assert result["drain_keyed_per_s"] > 0 and "drain_per_s" not in result
     assert (result["keys"], result["key_limit"]) == (10, 2)
     assert not Job.objects.exists(), "the keyed jobs were drained and cleared"
+
+
+def test_bench_compares_a_drain_with_the_duties_idle_and_busy() -> None:
+    out = StringIO()
+    call_command(
+        "dbqueue_bench",
+        *("--only", "duties", "--jobs", "300", "--workers", "2", "--duty-history", "3000"),
+        *("--rounds", "2", "--json"),
+        stdout=out,
+    )
+    result = json.loads(out.getvalue())
+    assert result["drain_duties_idle_per_s"] > 0 and result["drain_duties_busy_per_s"] > 0
+    idle, busy = result["drain_duties_idle_per_s"], result["drain_duties_busy_per_s"]
+    assert result["duties_cost_pct"] == pytest.approx(100 * (idle - busy) / idle, abs=0.01)
+    # The busy drains really pruned: each supervisor takes its turn as it starts.
+    assert result["duties_pruned_per_round"] > 0
+    assert not Job.objects.exists(), "the benchmark cleans up after itself"

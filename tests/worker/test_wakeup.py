@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import signal
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 from django.db import transaction
@@ -14,6 +16,7 @@ from django_dbqueue import enqueue
 from django_dbqueue.models import Job
 from django_dbqueue.models import WorkerProcess as WorkerRow
 from django_dbqueue.worker import wakeup
+from django_dbqueue.worker.loop import Worker
 from tests.support import CURRENT_VENDOR, Processes, jobs, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -117,3 +120,148 @@ def test_idle_worker_wakes_at_once_despite_a_long_poll_interval(
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(20) == 0
     assert max(delays) < 5, delays
+
+
+# -- coalescing: a process announces the same queues at most once per COALESCE --------
+
+
+@contextmanager
+def subscriber() -> Iterator[Callable[[], list[str]]]:
+    """A plain subscriber to the job channel, where workers hear it (Redis, or LISTEN on
+    PostgreSQL). The callable returns the payloads received since its last call, read
+    until 0.5 s pass without one."""
+    if CURRENT_VENDOR == "postgresql":
+        import psycopg
+        from django.db import connection
+
+        params = connection.get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        with psycopg.connect(**params, autocommit=True) as conn:
+            conn.execute(f"LISTEN {wakeup.CHANNEL}")
+            yield lambda: [n.payload for n in conn.notifies(timeout=0.5)]
+        return
+    pubsub = wakeup._redis("redis").pubsub()
+    try:
+        pubsub.subscribe(wakeup._redis_channel(wakeup.CHANNEL))
+        confirmation = pubsub.get_message(timeout=5.0)
+        assert confirmation is not None and confirmation["type"] == "subscribe"
+
+        def received() -> list[str]:
+            payloads = []
+            while (message := pubsub.get_message(timeout=0.5)) is not None:
+                payloads.append(message["data"].decode())
+            return payloads
+
+        yield received
+    finally:
+        pubsub.close()
+
+
+def test_a_tight_loop_announces_far_fewer_jobs_than_it_enqueues() -> None:
+    count = 300
+    with settings_with(), subscriber() as received:
+        time.sleep(3 * wakeup.COALESCE)  # nothing of an earlier test counts
+        started = time.monotonic()
+        for _ in range(count):
+            enqueue(jobs.noop)
+        elapsed = time.monotonic() - started
+        heard = received()
+        # Redis: at most one PUBLISH per COALESCE. PostgreSQL: one pg_notify per half
+        # window from the INSERTs, and one more per window from commits that came late.
+        assert 1 <= len(heard) <= 2 * elapsed / wakeup.COALESCE + 2, (len(heard), elapsed)
+        assert len(heard) < count / 2, (len(heard), elapsed)
+        assert set(heard) == {"default"}
+        time.sleep(3 * wakeup.COALESCE)
+        enqueue(jobs.noop)
+        assert received() == ["default"], "a job after a pause is announced"
+        enqueue(jobs.noop, queue="emails")
+        assert received() == ["emails"], "other queues are announced of their own"
+
+
+def test_an_announcement_counts_once_committed_and_a_late_commit_announces(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(wakeup, "COALESCE", 1.0)  # a window wide enough to watch
+    with settings_with(), subscriber() as received:
+        time.sleep(1.1)
+        enqueue(jobs.noop)
+        enqueue(jobs.noop)
+        assert received() == ["default"], "the second job is covered by the first one's"
+        time.sleep(1.1)
+        with pytest.raises(RuntimeError), transaction.atomic():
+            enqueue(jobs.noop)
+            raise RuntimeError("rolled back: its announcement (pg_notify) is dropped")
+        enqueue(jobs.noop)
+        assert received() == ["default"], "a rolled-back announcement covers nothing"
+        with transaction.atomic():
+            enqueue(jobs.noop)  # within the window of the last one: not announced...
+            time.sleep(1.1)
+        assert received() == ["default"], "...but it committed after the window: it is"
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_jobs_enqueued_close_together_are_all_picked_up_without_polling(
+    processes: Processes, worker_env: Callable[..., dict[str, str]], threads: str
+) -> None:
+    """Bursts, and pairs 2 to 8 ms apart: the announcements are coalesced, and no job
+    waits for the (60 s) poll."""
+    env = worker_env(**WAKE, POLL_INTERVAL=60, MIN_POLL_INTERVAL=60)
+    proc = processes.run_jobs("--threads", threads, env=env)
+    wait_until(lambda: WorkerRow.objects.exists(), timeout=30)
+    time.sleep(1.0)  # the worker is idle, in a 60 s poll sleep unless woken
+
+    def all_done(batch: list[Job]) -> bool:
+        ids = [job.pk for job in batch]
+        return Job.objects.filter(pk__in=ids, status=Job.Status.DONE).count() == len(ids)
+
+    try:
+        with settings_with():  # the producer publishes where the workers listen
+            for round_ in range(4):
+                burst = [enqueue(jobs.noop) for _ in range(25)]
+                wait_until(lambda b=burst: all_done(b), timeout=5, interval=0.01)
+                time.sleep(0.05 + round_ * 0.1)
+            for round_ in range(20):
+                first = enqueue(jobs.noop)
+                time.sleep(0.002 * (1 + round_ % 4))
+                second = enqueue(jobs.noop)
+                wait_until(lambda b=[first, second]: all_done(b), timeout=5, interval=0.005)
+                time.sleep(0.02 + (round_ % 5) * 0.03)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=20)
+        print(output)  # the worker's log, shown when the test fails
+        print(list(Job.objects.exclude(status=Job.Status.DONE).values("id", "status", "owner")))
+    assert proc.returncode == 0
+
+
+def test_a_worker_that_heard_an_announcement_claims_again_a_window_later() -> None:
+    """The worker's half of coalescing: an empty claim that began less than COALESCE
+    after an announcement was heard is followed by one more at that time; after a claim
+    that began later, the worker waits to be woken."""
+    with settings_with(POLL_INTERVAL=10):
+        worker = Worker(queues=["default"], handle_signals=False)
+        worker._listen()
+        listener = worker._listener
+        assert listener is not None
+        try:
+            time.sleep(2 * wakeup.COALESCE)
+            enqueue(jobs.noop)
+            worker._idle(10)  # woken by the announcement
+            heard = listener.heard_at
+            worker._claim_began = time.monotonic()  # a claim in the window came back empty
+            worker._idle(10)  # back at heard + COALESCE, not in 10 s
+            assert heard + wakeup.COALESCE <= time.monotonic() < heard + 5
+            # A claim that began in the window but returned after it: one more, at once.
+            worker._claim_began = heard
+            time.sleep(2 * wakeup.COALESCE)
+            began = time.monotonic()
+            worker._idle(10)
+            assert time.monotonic() - began < 5
+            worker._claim_began = time.monotonic()  # the claim after the window
+            threading.Timer(0.5, worker.stop).start()
+            worker._idle(10)  # only a wake-up (or the stop) ends this wait
+            assert time.monotonic() >= heard + 0.5
+        finally:
+            worker._close_listener()

@@ -9,6 +9,7 @@ from django.utils import timezone
 from django_dbqueue import enqueue
 from django_dbqueue.models import Job
 from django_dbqueue.models import WorkerProcess as WorkerRow
+from django_dbqueue.worker import rows
 from django_dbqueue.worker.loop import Worker
 from testproject.models import Execution
 from tests.support import jobs
@@ -138,3 +139,11 @@ def test_run_jobs_command_prints_progress(capsys: pytest.CaptureFixture[str]) ->
 def test_run_jobs_rejects_bad_options(args: list[str], message: str) -> None:
     with pytest.raises(CommandError, match=message):
         call_command("run_jobs", "--burst", *args)
+
+
+def test_registering_a_process_again_after_a_lost_reply_keeps_its_one_row() -> None:
+    first = rows.register("host:1:abc", 1, WorkerRow.Role.CHILD, ["default"], "sup")
+    # The retry of an INSERT whose reply was lost: the row is there already.
+    again = rows.register("host:1:abc", 1, WorkerRow.Role.CHILD, ["default"], "sup")
+    assert again.pk == first.pk
+    assert WorkerRow.objects.filter(name="host:1:abc").count() == 1

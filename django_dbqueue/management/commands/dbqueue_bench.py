@@ -12,7 +12,9 @@ from django_dbqueue.management.commands.run_jobs import positive_int
 from django_dbqueue.models import Job
 from django_dbqueue.worker import bench
 
-PARTS = ("enqueue", "drain", "latency", "history")
+PARTS = ("enqueue", "drain", "latency", "history", "duties")
+# What runs without --only: the duties comparison drains several times over and is asked for.
+DEFAULT_PARTS = ("enqueue", "drain", "latency", "history")
 
 
 class Command(BaseCommand):
@@ -86,7 +88,22 @@ class Command(BaseCommand):
             help="Finished rows in the table for the last drain (default 1M).",
         )
         parser.add_argument(
-            "--only", action="append", choices=PARTS, help="Run only these parts (repeatable)."
+            "--duty-history",
+            type=positive_int,
+            default=200_000,
+            help="Old finished rows for retention to prune in the duties part (default 200k).",
+        )
+        parser.add_argument(
+            "--rounds",
+            type=positive_int,
+            default=3,
+            help="Interleaved rounds of the duties part (default 3).",
+        )
+        parser.add_argument(
+            "--only",
+            action="append",
+            choices=PARTS,
+            help=f"Run only these parts (repeatable; default: {', '.join(DEFAULT_PARTS)}).",
         )
         parser.add_argument("--json", action="store_true", help="Print one JSON object.")
         parser.add_argument(
@@ -96,7 +113,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        parts = options["only"] or list(PARTS)
+        parts = options["only"] or list(DEFAULT_PARTS)
         existing = Job.objects.count()
         if existing and not options["yes"]:
             raise CommandError(
@@ -204,6 +221,26 @@ class Command(BaseCommand):
                 f"{fig['drain_with_history_per_s']:,.0f} jobs/s"
             )
             bench.clear_jobs()
+        if "duties" in parts:
+            say(
+                f"  drain of {options['jobs']:,} jobs beside {options['duty_history']:,} old "
+                "rows, the supervisors' duties idle and busy (a tick a second, retention "
+                "pruning):"
+            )
+            fig.update(
+                bench.bench_duties(
+                    options["jobs"],
+                    options["workers"],
+                    options["batch_size"],
+                    options["duty_history"],
+                    options["rounds"],
+                    say,
+                )
+            )
+            say(
+                f"  duties cost the drain {fig['duties_cost_pct']:.1f}% (medians; "
+                f"{fig['duties_pruned_per_round']:,.0f} rows pruned per busy drain)"
+            )
         if quiet:
             self.stdout.write(
                 json.dumps(
