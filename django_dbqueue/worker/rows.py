@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import IntegrityError, router, transaction
 from django.db.models import Exists
 from django.utils import timezone
 
@@ -44,18 +45,27 @@ def register(
 ) -> WorkerProcess:
     """The process's row. Idempotent: a retry after a lost reply (the INSERT committed,
     then the connection died before saying so, as in a database restart) finds its own
-    row instead of failing on the unique name."""
-    row, _ = WorkerProcess.objects.update_or_create(
-        name=name,
-        defaults={
-            "host": socket.gethostname(),
-            "pid": pid,
-            "role": role,
-            "supervisor": supervisor,
-            "queues": queues,
-        },
-    )
-    return row
+    row instead of failing on the unique name.
+
+    It tries the INSERT first. A read first (as ``update_or_create`` does) would make
+    SQLite upgrade a read transaction to a write one, which fails at once with "database
+    is locked" when another process wrote in between, instead of waiting its turn.
+    """
+    fields: dict[str, Any] = {
+        "host": socket.gethostname(),
+        "pid": pid,
+        "role": role,
+        "supervisor": supervisor,
+        "queues": queues,
+    }
+    using = router.db_for_write(WorkerProcess)
+    rows = WorkerProcess.objects.using(using)
+    try:
+        with transaction.atomic(using=using):
+            return rows.create(name=name, **fields)
+    except IntegrityError:
+        rows.filter(name=name).update(**fields)
+        return rows.get(name=name)
 
 
 def beat(beats: list[Beat]) -> None:

@@ -124,6 +124,7 @@ class Child:
     started: float
     registered: bool = False
     kill: deaths.Kill | None = None
+    stops_sent: int = 0  # stop signals passed on to it
 
     def interrupt(self) -> None:
         self._signal(signal.SIGUSR1)
@@ -330,7 +331,20 @@ class Supervisor:
             self._kill_all_at = time.monotonic() + self._grace
         self._next_beat = 0.0  # show "stopping" in the rows at once
         for child in self._children.values():
-            child._signal(signal.SIGTERM)
+            if child.stops_sent < self._signals:
+                child.stops_sent = self._signals
+                child._signal(signal.SIGTERM)
+
+    def _pass_on_stop(self) -> None:
+        """Tell a child that missed it that we are stopping: the signal came while it was
+        being started, after the handler had gone through the children it knew. (The
+        count is set before sending, so the handler, should it run in between, skips it.)
+        """
+        if self._signals:
+            for child in self._children.values():
+                if not child.stops_sent:
+                    child.stops_sent = 1
+                    child._signal(signal.SIGTERM)
 
     # -- the loop ----------------------------------------------------------------------
 
@@ -372,6 +386,8 @@ class Supervisor:
             retry_transient(recover, logger, "Supervisor recovering", self._stopping_give_up)
             self._next_beat = time.monotonic() + float(settings.HEARTBEAT_INTERVAL)
             for index in range(self.concurrency):
+                if self._signals:
+                    break  # told to stop while starting: start no children
                 self._spawn(index)
             give_up_at: float | None = None
             while self._children or self._graves or self._respawn_at:
@@ -381,6 +397,7 @@ class Supervisor:
                     wait(sentinels, timeout=TICK)
                 else:
                     time.sleep(TICK)
+                self._pass_on_stop()
                 self._reap()
                 self._police()
                 self._respawn_due()

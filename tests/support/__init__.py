@@ -79,6 +79,31 @@ def empty_database(connection: Any, sqlite_path: Path) -> Iterator[str]:
             cursor.execute(f"DROP DATABASE IF EXISTS {quoted}")
 
 
+@contextmanager
+def writes_held_off(model: Any) -> Iterator[None]:
+    """Other connections cannot write to ``model``'s table (on SQLite: to any table)
+    until the block ends; they wait, as behind a long transaction."""
+    from django.db import connections, router
+
+    conn = connections[router.db_for_write(model)]
+    table = conn.ops.quote_name(model._meta.db_table)
+    with conn.cursor() as cursor:
+        if conn.vendor == "sqlite":
+            cursor.execute("BEGIN IMMEDIATE")
+            end = "COMMIT"
+        elif conn.vendor == "mysql":
+            cursor.execute(f"LOCK TABLES {table} READ")
+            end = "UNLOCK TABLES"
+        else:
+            cursor.execute("BEGIN")
+            cursor.execute(f"LOCK TABLE {table} IN EXCLUSIVE MODE")
+            end = "COMMIT"
+        try:
+            yield
+        finally:
+            cursor.execute(end)
+
+
 def reap(procs: list[subprocess.Popen[str]]) -> None:
     """Kill whichever of ``procs`` still runs and close every pipe they had."""
     for proc in procs:

@@ -20,7 +20,7 @@ from django_dbqueue.models import Job
 from django_dbqueue.models import WorkerProcess as WorkerRow
 from django_dbqueue.worker.loop import Worker
 from testproject.models import Execution
-from tests.support import CURRENT_VENDOR, Processes, jobs, wait_until
+from tests.support import CURRENT_VENDOR, Processes, jobs, wait_until, writes_held_off
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 FAST = {"LEASE_TIMEOUT": 3, "HEARTBEAT_INTERVAL": 0.5, "POLL_INTERVAL": 0.2}
@@ -118,6 +118,26 @@ def test_second_sigterm_stops_the_running_job_and_records_it(
     assert job.status == Job.Status.QUEUED, "retried later, not lost"
     assert "WorkerShutdown" in job.last_error
     assert job.attempts == 1
+
+
+def test_a_stop_signal_while_starting_up_starts_no_children(
+    processes: Processes, worker_env: EnvMaker
+) -> None:
+    # The supervisor's first write (its row) waits behind a lock while the signal comes;
+    # before the fix, it went on to start children that never heard of the stop.
+    job = enqueue(jobs.record, ["never"])
+    with writes_held_off(WorkerRow):
+        proc = processes.run_jobs("--concurrency", "2", env=worker_env(**FAST))
+        assert proc.stdout is not None
+        assert "Running jobs from" in proc.stdout.readline()  # its handlers are in place
+        time.sleep(1.0)
+        assert proc.poll() is None, "waiting for its row"
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert status(job) == Job.Status.QUEUED and runs("never") == 0
+    assert not WorkerRow.objects.exists(), "it deregistered"
 
 
 def test_always_failing_job_ends_failed_after_max_attempts_with_backoff(
