@@ -186,6 +186,8 @@ def test_job_holding_the_gil_past_its_lease_runs_once(
     wait_until(lambda: WorkerRow.objects.filter(running_job_id=job.pk).exists(), timeout=30)
     # Recovers expired leases every heartbeat, and would take the job if it expired.
     second = processes.run_jobs(env=env)
+    # Past Django's start-up before the stop signal, which would end it unhandled.
+    wait_until(lambda: WorkerRow.objects.filter(pid=second.pid).exists(), timeout=30)
     wait_until(lambda: Job.objects.get(pk=job.pk).status == Job.Status.DONE, timeout=120)
     job.refresh_from_db()
     owner = WorkerRow.objects.get(name=job.owner)
