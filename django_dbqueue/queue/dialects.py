@@ -95,6 +95,17 @@ def has_locking_reads(conn: BaseDatabaseWrapper) -> bool:
     return conn.vendor != "sqlite"
 
 
+def locks_along_claim_index(conn: BaseDatabaseWrapper) -> bool:
+    """A claim of one queue is one locking read along the claim index (``ORDER BY ...
+    LIMIT n FOR UPDATE SKIP LOCKED``) rather than a plain read of candidate ids and a
+    locking read of those by primary key: PostgreSQL, where it is the cheaper of the two
+    (7.8 against 11.6 ms a claim of 100 jobs) and claimers no longer read the same
+    candidates (two workers draining one queue spent a third of their locking reads on
+    rows the other had just taken). On MariaDB the locking walk cost more than both reads
+    together (7.9 against 5.8 ms), so InnoDB keeps the two steps."""
+    return conn.vendor == "postgresql"
+
+
 def has_lateral_arrays(conn: BaseDatabaseWrapper) -> bool:
     """One statement can probe an index once per element of an array parameter
     (``unnest(%s) CROSS JOIN LATERAL``): PostgreSQL. MariaDB has no LATERAL, SQLite
