@@ -251,13 +251,13 @@ def _candidate_ids(
     ``exclude``: ids another claimer was seen taking, skipped in the index walk.
     """
     if len(queues) <= QUEUES_PER_STATEMENT:
-        return [row[0] for row in _candidates(model, conn, queues, now, limit, exclude)]
+        return [row[0] for row in _candidates(model, conn, queues, now, limit, exclude, False)]
     if has_lateral_arrays(conn):
         return _candidates_lateral(model, conn, queues, now, limit, exclude)
     rows: list[tuple[Any, ...]] = []
     for start in range(0, len(queues), QUEUES_PER_STATEMENT):
         chunk = queues[start : start + QUEUES_PER_STATEMENT]
-        rows += _candidates(model, conn, chunk, now, limit, exclude)
+        rows += _candidates(model, conn, chunk, now, limit, exclude, True)
     # The database's order: priority descending, then run_after, then id.
     rows.sort(key=lambda row: (-row[1], row[2], row[0]))
     return [row[0] for row in rows[:limit]]
@@ -270,15 +270,20 @@ def _candidates(
     now: datetime,
     limit: int,
     exclude: list[int],
+    sort_keys: bool,
 ) -> list[tuple[Any, ...]]:
-    """(id, priority, run_after) of the best ``limit`` runnable jobs of ``queues``."""
+    """(id,) of the best ``limit`` runnable jobs of ``queues``, or with ``sort_keys``
+    (id, priority, run_after), for merging with another statement's (a datetime parsed
+    per row only then)."""
     qn = conn.ops.quote_name
     table = qn(model._meta.db_table)
     when = _when(model, conn, now)
     order = f"{qn('priority')} DESC, {qn('run_after')}, {qn('id')}"
     skip = f"AND {qn('id')} NOT IN ({placeholders(len(exclude))}) " if exclude else ""
+    keys = f"{qn('id')}, {qn('priority')}, {qn('run_after')}"
+    columns = keys if sort_keys or len(queues) > 1 else qn("id")
     one = (
-        f"SELECT {qn('id')}, {qn('priority')}, {qn('run_after')} FROM {table} "  # noqa: S608
+        f"SELECT {columns} FROM {table} "  # noqa: S608
         f"WHERE {qn('status')} = %s AND {qn('queue')} = %s AND {qn('run_after')} <= %s "
         f"{skip}ORDER BY {order} LIMIT %s"
     )
@@ -292,7 +297,8 @@ def _candidates(
             f"SELECT * FROM ({one}) AS q{i}"  # noqa: S608
             for i in range(len(queues))
         )
-        sql = f"SELECT * FROM ({parts}) AS c ORDER BY {order} LIMIT %s"  # noqa: S608
+        merged = "*" if sort_keys else qn("id")
+        sql = f"SELECT {merged} FROM ({parts}) AS c ORDER BY {order} LIMIT %s"  # noqa: S608
         params.append(limit)
     with conn.cursor() as cursor:
         cursor.execute(sql, params)

@@ -228,7 +228,7 @@ def insert_rows(
                 conn, table, fields, columns, rows[start : start + batch_size]
             )
         return new_ids
-    if has_json_table_insert(conn):
+    if has_json_table(conn):
         for start in range(0, len(rows), batch_size):
             new_ids += _insert_json_table(
                 conn, table, fields, columns, rows[start : start + batch_size]
@@ -251,9 +251,11 @@ def insert_rows(
     return new_ids if returning else None
 
 
-def has_json_table_insert(conn: BaseDatabaseWrapper) -> bool:
-    """``INSERT ... SELECT ... FROM JSON_TABLE(...) RETURNING``: MariaDB 10.6+ (MySQL 8
-    has JSON_TABLE but no RETURNING; MariaDB 10.5 has RETURNING but no JSON_TABLE)."""
+def has_json_table(conn: BaseDatabaseWrapper) -> bool:
+    """``JSON_TABLE`` as the queue uses it (``INSERT ... SELECT ... FROM JSON_TABLE(...)
+    RETURNING``; ``UPDATE JSON_TABLE(...) STRAIGHT_JOIN`` the job table): MariaDB 10.6+
+    (MySQL 8 has JSON_TABLE but no RETURNING; MariaDB 10.5 has RETURNING but no
+    JSON_TABLE)."""
     return (
         conn.vendor == "mysql"
         and conn.mysql_is_mariadb  # type: ignore[attr-defined]
