@@ -24,10 +24,21 @@ def ids_in(conn: BaseDatabaseWrapper, column: str, ids: list[int]) -> tuple[str,
 
     PostgreSQL: ``column = ANY(%s)``, the ids one array parameter. psycopg caches the
     parsing of a statement only up to 50 parameters: a claim of 100 ids as 100
-    placeholders was parsed again, in Python, at every claim and every finish.
+    placeholders was parsed again, in Python, at every claim and every finish. And
+    ``column BETWEEN`` the least and the greatest id, which changes no result: with
+    statistics taken while the table was empty (a queue drained, then vacuumed), the
+    planner priced a hundred primary-key probes above a sequential scan of the whole
+    table, and every claim and finish of a 20,000-job drain read all 20,000 rows (10.8
+    ms against 1.6 ms a statement). A range on the key makes the index path the cheap one.
     """
     if conn.vendor == "postgresql":
-        return f"{column} = ANY(%s::bigint[])", [ids]
+        if not ids:
+            return f"{column} = ANY(%s::bigint[])", [ids]
+        return f"({column} = ANY(%s::bigint[]) AND {column} BETWEEN %s AND %s)", [
+            ids,
+            min(ids),
+            max(ids),
+        ]
     return f"{column} IN ({placeholders(len(ids))})", list(ids)
 
 
