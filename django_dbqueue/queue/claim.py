@@ -140,7 +140,9 @@ def claim(
     2. in one short transaction, lock those ids skipping rows another claimer holds
        (re-checking the status), 3. one UPDATE by primary key, 4. COMMIT.
     Without locking reads (SQLite) all of it runs in one IMMEDIATE transaction instead.
-    Attempts are counted here, so a job that kills its worker still uses one up.
+    On PostgreSQL a claim of one queue does 1 and 2 in one locking read along the claim
+    index (:func:`_claim_along_index`). Attempts are counted here, so a job that kills
+    its worker still uses one up.
 
     Two claimers reading at once read the same ids, and the slower one's locking read
     skips them all. It then reads again past the ids it found taken; if those are taken
