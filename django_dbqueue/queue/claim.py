@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django.db import connections
@@ -18,6 +19,7 @@ from django_dbqueue.queue.dialects import (
     has_lateral_arrays,
     has_locking_reads,
     ids_in,
+    locks_along_claim_index,
     placeholders,
     plain_transaction,
     write_transaction,
@@ -138,7 +140,9 @@ def claim(
     2. in one short transaction, lock those ids skipping rows another claimer holds
        (re-checking the status), 3. one UPDATE by primary key, 4. COMMIT.
     Without locking reads (SQLite) all of it runs in one IMMEDIATE transaction instead.
-    Attempts are counted here, so a job that kills its worker still uses one up.
+    On PostgreSQL a claim of one queue does 1 and 2 in one locking read along the claim
+    index (:func:`_claim_along_index`). Attempts are counted here, so a job that kills
+    its worker still uses one up.
 
     Two claimers reading at once read the same ids, and the slower one's locking read
     skips them all. It then reads again past the ids it found taken; if those are taken
@@ -167,11 +171,14 @@ def _claim(
             now = timezone.now()
             with write_transaction(using):
                 candidates = _candidate_ids(model, conn, queue_list, now, batch_size, [])
-                jobs = _lock_and_mark(model, using, candidates, owner, now, lock=False)
+                locked = _lock_ids(model, using, candidates, now, False)
+                jobs = _mark(model, using, locked, owner, now, lock=False)
             # Candidates but no job: all were parked over their key's limit; read on.
             if jobs or not candidates:
                 return Claimed(jobs)
         return Claimed(contended=True)
+    if len(queue_list) == 1 and locks_along_claim_index(conn):
+        return _claim_along_index(model, using, owner, batch_size, queue_list[0])
     taken: list[int] = []
     for _ in range(3):
         now = timezone.now()
@@ -179,17 +186,49 @@ def _claim(
         if not candidates:
             # Nothing runnable but what other claimers are taking: nothing for us.
             return Claimed()
-        try:
-            with plain_transaction(using):
-                jobs = _lock_and_mark(model, using, candidates, owner, now, lock=True)
-        except _KeyedRows:
-            # Concurrency keys may create rows through the ORM: Django's own transaction.
-            with write_transaction(using):
-                jobs = _lock_and_mark(model, using, candidates, owner, now, lock=True)
+        _, jobs = _take(model, using, owner, now, partial(_lock_ids, model, using, candidates))
         if jobs:
             return Claimed(jobs)
         taken += candidates
     return Claimed(contended=True)
+
+
+def _claim_along_index(
+    model: type[Job], using: str, owner: str, batch_size: int, queue: str
+) -> Claimed:
+    """One queue, on PostgreSQL: the locking read walks the claim index itself and skips
+    the rows other claimers hold, so two claimers never lock-read the same rows and
+    neither has to read again. Empty: nothing runnable is left that another claimer does
+    not hold. It reads again only when every job it locked was parked for its key.
+    (Several queues need candidate ids first: a locking read cannot go through their
+    UNION ALL.)"""
+    for _ in range(3):
+        now = timezone.now()
+        read = partial(_lock_next, model, using, queue, batch_size)
+        locked, jobs = _take(model, using, owner, now, read)
+        if jobs or not locked:
+            return Claimed(jobs)
+    return Claimed(contended=True)
+
+
+def _take(
+    model: type[Job],
+    using: str,
+    owner: str,
+    now: datetime,
+    read: Callable[[datetime, bool], list[Job]],
+) -> tuple[int, list[Job]]:
+    """In one short transaction, lock the rows ``read(now, lock=True)`` returns and claim
+    them: (how many rows were locked, the jobs claimed)."""
+    try:
+        with plain_transaction(using):
+            locked = read(now, True)
+            return len(locked), _mark(model, using, locked, owner, now, lock=True)
+    except _KeyedRows:
+        # Concurrency keys may create rows through the ORM: Django's own transaction.
+        with write_transaction(using):
+            locked = read(now, True)
+            return len(locked), _mark(model, using, locked, owner, now, lock=True)
 
 
 # Queues read per statement: SQLite allows 500 terms in a compound SELECT, and past a
@@ -214,13 +253,13 @@ def _candidate_ids(
     ``exclude``: ids another claimer was seen taking, skipped in the index walk.
     """
     if len(queues) <= QUEUES_PER_STATEMENT:
-        return [row[0] for row in _candidates(model, conn, queues, now, limit, exclude)]
+        return [row[0] for row in _candidates(model, conn, queues, now, limit, exclude, False)]
     if has_lateral_arrays(conn):
         return _candidates_lateral(model, conn, queues, now, limit, exclude)
     rows: list[tuple[Any, ...]] = []
     for start in range(0, len(queues), QUEUES_PER_STATEMENT):
         chunk = queues[start : start + QUEUES_PER_STATEMENT]
-        rows += _candidates(model, conn, chunk, now, limit, exclude)
+        rows += _candidates(model, conn, chunk, now, limit, exclude, True)
     # The database's order: priority descending, then run_after, then id.
     rows.sort(key=lambda row: (-row[1], row[2], row[0]))
     return [row[0] for row in rows[:limit]]
@@ -233,15 +272,20 @@ def _candidates(
     now: datetime,
     limit: int,
     exclude: list[int],
+    sort_keys: bool,
 ) -> list[tuple[Any, ...]]:
-    """(id, priority, run_after) of the best ``limit`` runnable jobs of ``queues``."""
+    """(id,) of the best ``limit`` runnable jobs of ``queues``, or with ``sort_keys``
+    (id, priority, run_after), for merging with another statement's (a datetime parsed
+    per row only then)."""
     qn = conn.ops.quote_name
     table = qn(model._meta.db_table)
-    when = model._meta.get_field("run_after").get_db_prep_value(now, conn)
+    when = _when(model, conn, now)
     order = f"{qn('priority')} DESC, {qn('run_after')}, {qn('id')}"
     skip = f"AND {qn('id')} NOT IN ({placeholders(len(exclude))}) " if exclude else ""
+    keys = f"{qn('id')}, {qn('priority')}, {qn('run_after')}"
+    columns = keys if sort_keys or len(queues) > 1 else qn("id")
     one = (
-        f"SELECT {qn('id')}, {qn('priority')}, {qn('run_after')} FROM {table} "  # noqa: S608
+        f"SELECT {columns} FROM {table} "  # noqa: S608
         f"WHERE {qn('status')} = %s AND {qn('queue')} = %s AND {qn('run_after')} <= %s "
         f"{skip}ORDER BY {order} LIMIT %s"
     )
@@ -255,7 +299,8 @@ def _candidates(
             f"SELECT * FROM ({one}) AS q{i}"  # noqa: S608
             for i in range(len(queues))
         )
-        sql = f"SELECT * FROM ({parts}) AS c ORDER BY {order} LIMIT %s"  # noqa: S608
+        merged = "*" if sort_keys else qn("id")
+        sql = f"SELECT {merged} FROM ({parts}) AS c ORDER BY {order} LIMIT %s"  # noqa: S608
         params.append(limit)
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
@@ -276,7 +321,7 @@ def _candidates_lateral(
     branches took the planner seconds.
     """
     qn = conn.ops.quote_name
-    when = model._meta.get_field("run_after").get_db_prep_value(now, conn)
+    when = _when(model, conn, now)
     columns = f"{qn('id')}, {qn('priority')}, {qn('run_after')}"
     order = f"c.{qn('priority')} DESC, c.{qn('run_after')}, c.{qn('id')}"
     sql = (
@@ -292,40 +337,75 @@ def _candidates_lateral(
         return [row[0] for row in cursor.fetchall()]
 
 
+def _when(model: type[Job], conn: BaseDatabaseWrapper, now: datetime) -> Any:
+    """``now`` as a parameter compared with ``run_after``."""
+    return model._meta.get_field("run_after").get_db_prep_value(now, conn)
+
+
 class _KeyedRows(Exception):
     """Keyed jobs were locked inside a transaction Django does not know of: start over."""
 
 
-def _lock_and_mark(
-    model: type[Job], using: str, candidates: list[int], owner: str, now: datetime, lock: bool
+def _lock_ids(
+    model: type[Job], using: str, candidates: list[int], now: datetime, lock: bool
 ) -> list[Job]:
+    """The candidates still runnable, locked (skipping rows other claimers hold), best first."""
     if not candidates:
         return []
     conn = connections[using]
     qn = conn.ops.quote_name
-    reader = _row_reader(model, conn)
     id_sql, id_params = ids_in(conn, qn("id"), candidates)
     queued = by_id_only(conn, f"{qn('status')} = %s")
-    sql = (
-        f"SELECT {reader.columns} FROM {qn(model._meta.db_table)} "  # noqa: S608
-        f"WHERE {id_sql} AND {queued} AND {qn('run_after')} <= %s"
-    )
-    if lock:
-        sql += " FOR UPDATE SKIP LOCKED"
     # run_after again: another claim may have parked a candidate since it was read
     # (concurrency keys); claimed here it would keep run_after in year 9000 and, given
     # back or recovered after a crash, wait there with no key flagged to release it.
-    when = model._meta.get_field("run_after").get_db_prep_value(now, conn)
-    with conn.cursor() as cursor:
-        cursor.execute(sql, [*id_params, QUEUED, when])
-        rows = cursor.fetchall()
-    if not rows:
-        return []
+    where = f"{id_sql} AND {queued} AND {qn('run_after')} <= %s"
+    jobs = _read_jobs(model, using, where, [*id_params, QUEUED, _when(model, conn, now)], lock)
     rank = {job_id: index for index, job_id in enumerate(candidates)}
-    jobs = sorted(
-        (_job_from_row(model, using, row, reader, conn) for row in rows),
-        key=lambda job: rank[job.id],
+    jobs.sort(key=lambda job: rank[job.id])
+    return jobs
+
+
+def _lock_next(
+    model: type[Job], using: str, queue: str, limit: int, now: datetime, lock: bool
+) -> list[Job]:
+    """The first ``limit`` runnable jobs of ``queue`` that no other claimer holds, locked,
+    best first: a locking read along the claim index, which matches it column for column
+    (InnoDB locks what a locking read scans)."""
+    conn = connections[using]
+    qn = conn.ops.quote_name
+    where = (
+        f"{qn('status')} = %s AND {qn('queue')} = %s AND {qn('run_after')} <= %s "
+        f"ORDER BY {qn('priority')} DESC, {qn('run_after')}, {qn('id')} LIMIT %s"
     )
+    return _read_jobs(model, using, where, [QUEUED, queue, _when(model, conn, now), limit], lock)
+
+
+def _read_jobs(
+    model: type[Job], using: str, where: str, params: list[Any], lock: bool
+) -> list[Job]:
+    """Jobs built from the rows of ``WHERE {where}``, in the order read."""
+    conn = connections[using]
+    reader = _row_reader(model, conn)
+    table = conn.ops.quote_name(model._meta.db_table)
+    sql = f"SELECT {reader.columns} FROM {table} WHERE {where}"  # noqa: S608
+    if lock:
+        sql += " FOR UPDATE SKIP LOCKED"
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return [_job_from_row(model, using, row, reader, conn) for row in rows]
+
+
+def _mark(
+    model: type[Job], using: str, jobs: list[Job], owner: str, now: datetime, lock: bool
+) -> list[Job]:
+    """Claim the locked ``jobs`` for ``owner``: park those over their concurrency key's
+    limit, then one UPDATE by primary key. Returns the jobs claimed."""
+    if not jobs:
+        return []
+    conn = connections[using]
+    qn = conn.ops.quote_name
     if any(job.concurrency_key is not None for job in jobs):
         if not conn.in_atomic_block:
             raise _KeyedRows

@@ -24,10 +24,21 @@ def ids_in(conn: BaseDatabaseWrapper, column: str, ids: list[int]) -> tuple[str,
 
     PostgreSQL: ``column = ANY(%s)``, the ids one array parameter. psycopg caches the
     parsing of a statement only up to 50 parameters: a claim of 100 ids as 100
-    placeholders was parsed again, in Python, at every claim and every finish.
+    placeholders was parsed again, in Python, at every claim and every finish. And
+    ``column BETWEEN`` the least and the greatest id, which changes no result: with
+    statistics taken while the table was empty (a queue drained, then vacuumed), the
+    planner priced a hundred primary-key probes above a sequential scan of the whole
+    table, and every claim and finish of a 20,000-job drain read all 20,000 rows (10.8
+    ms against 1.6 ms a statement). A range on the key makes the index path the cheap one.
     """
     if conn.vendor == "postgresql":
-        return f"{column} = ANY(%s::bigint[])", [ids]
+        if not ids:
+            return f"{column} = ANY(%s::bigint[])", [ids]
+        return f"({column} = ANY(%s::bigint[]) AND {column} BETWEEN %s AND %s)", [
+            ids,
+            min(ids),
+            max(ids),
+        ]
     return f"{column} IN ({placeholders(len(ids))})", list(ids)
 
 
@@ -93,6 +104,17 @@ def by_id_only(conn: BaseDatabaseWrapper, condition: str) -> str:
 def has_locking_reads(conn: BaseDatabaseWrapper) -> bool:
     """``SELECT ... FOR UPDATE SKIP LOCKED`` exists (not on SQLite, which locks the file)."""
     return conn.vendor != "sqlite"
+
+
+def locks_along_claim_index(conn: BaseDatabaseWrapper) -> bool:
+    """A claim of one queue is one locking read along the claim index (``ORDER BY ...
+    LIMIT n FOR UPDATE SKIP LOCKED``) rather than a plain read of candidate ids and a
+    locking read of those by primary key: PostgreSQL, where it is the cheaper of the two
+    (7.8 against 11.6 ms a claim of 100 jobs) and claimers no longer read the same
+    candidates (two workers draining one queue spent a third of their locking reads on
+    rows the other had just taken). On MariaDB the locking walk cost more than both reads
+    together (7.9 against 5.8 ms), so InnoDB keeps the two steps."""
+    return conn.vendor == "postgresql"
 
 
 def has_lateral_arrays(conn: BaseDatabaseWrapper) -> bool:
@@ -217,7 +239,7 @@ def insert_rows(
                 conn, table, fields, columns, rows[start : start + batch_size]
             )
         return new_ids
-    if has_json_table_insert(conn):
+    if has_json_table(conn):
         for start in range(0, len(rows), batch_size):
             new_ids += _insert_json_table(
                 conn, table, fields, columns, rows[start : start + batch_size]
@@ -240,9 +262,11 @@ def insert_rows(
     return new_ids if returning else None
 
 
-def has_json_table_insert(conn: BaseDatabaseWrapper) -> bool:
-    """``INSERT ... SELECT ... FROM JSON_TABLE(...) RETURNING``: MariaDB 10.6+ (MySQL 8
-    has JSON_TABLE but no RETURNING; MariaDB 10.5 has RETURNING but no JSON_TABLE)."""
+def has_json_table(conn: BaseDatabaseWrapper) -> bool:
+    """``JSON_TABLE`` as the queue uses it (``INSERT ... SELECT ... FROM JSON_TABLE(...)
+    RETURNING``; ``UPDATE JSON_TABLE(...) STRAIGHT_JOIN`` the job table): MariaDB 10.6+
+    (MySQL 8 has JSON_TABLE but no RETURNING; MariaDB 10.5 has RETURNING but no
+    JSON_TABLE)."""
     return (
         conn.vendor == "mysql"
         and conn.mysql_is_mariadb  # type: ignore[attr-defined]

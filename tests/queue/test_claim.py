@@ -103,3 +103,39 @@ def test_finishing_clears_a_cancel_request_that_came_too_late() -> None:
     assert Job.objects.finish_done("w1", [claimed]) == {job.pk}
     stored = Job.objects.get(pk=job.pk)
     assert (stored.status, stored.cancel_requested) == (Job.Status.DONE, False)
+
+
+@pytest.mark.django_db
+def test_finishing_a_batch_writes_each_jobs_own_start_and_result() -> None:
+    """One statement for the batch (a JSON parameter on MariaDB, arrays on PostgreSQL, a
+    CASE on SQLite) still writes each job's own values: the first attempt's start only
+    while started_at is NULL, a later attempt's to last_attempted_at, each job's result;
+    and nothing to a job another worker took over."""
+    first, later, shown, taken = (enqueue(jobs.noop).pk for _ in range(4))
+    claimed = {job.pk: job for job in Job.objects.claim("w1", batch_size=4, queues=["default"])}
+    base = timezone.now() - timedelta(minutes=5)
+    earlier = base - timedelta(hours=1)
+    claimed[later].started_at = earlier  # read so by the claim: an earlier attempt ran
+    Job.objects.filter(pk__in=[later, shown]).update(
+        started_at=earlier
+    )  # shown: the supervisor wrote it
+    Job.objects.filter(pk=taken).update(owner="w2")
+    for offset, job in enumerate(claimed[pk] for pk in (first, later, shown, taken)):
+        job.note_attempt(base + timedelta(seconds=offset))
+        job.result = {"n": offset}
+
+    assert Job.objects.finish_done("w1", list(claimed.values())) == {first, later, shown}
+
+    stored = Job.objects.in_bulk([first, later, shown, taken])
+    assert stored[first].started_at == base
+    assert stored[first].last_attempted_at is None
+    assert stored[later].started_at == earlier
+    assert stored[later].last_attempted_at == base + timedelta(seconds=1)
+    assert stored[shown].started_at == earlier
+    assert [stored[pk].result for pk in (first, later, shown)] == [{"n": 0}, {"n": 1}, {"n": 2}]
+    assert all(stored[pk].status == Job.Status.DONE for pk in (first, later, shown))
+    assert (stored[taken].status, stored[taken].started_at, stored[taken].result) == (
+        Job.Status.CLAIMED,
+        None,
+        None,
+    )

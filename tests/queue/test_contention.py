@@ -75,3 +75,32 @@ def test_an_empty_queue_is_not_contention() -> None:
     claimed = Job.objects.claim("a", batch_size=10)
     assert claimed == []
     assert not claimed.contended
+
+
+@locking
+def test_a_claim_of_one_queue_reads_past_held_jobs() -> None:
+    ids = [job.pk for job in enqueue_many({"task": jobs.noop} for _ in range(10))]
+    with locked_by_another_claimer(ids[:5]):
+        claimed = Job.objects.claim("late", batch_size=5, queues=["default"])
+    assert [job.pk for job in claimed] == ids[5:]
+
+
+@pytest.mark.only_vendor("postgresql")
+def test_on_postgresql_a_claim_of_one_queue_takes_the_best_jobs_nobody_holds() -> None:
+    """One locking read along the claim index: held jobs anywhere in it are skipped and
+    the claim still fills its batch (candidates read first would come back short)."""
+    ids = [job.pk for job in enqueue_many({"task": jobs.noop} for _ in range(10))]
+    with locked_by_another_claimer(ids[:3] + ids[5:7]):
+        claimed = Job.objects.claim("late", batch_size=4, queues=["default"])
+    assert [job.pk for job in claimed] == [ids[3], ids[4], ids[7], ids[8]]
+
+
+@locking
+def test_a_claim_of_one_queue_whose_jobs_are_all_held() -> None:
+    ids = [job.pk for job in enqueue_many({"task": jobs.noop} for _ in range(15))]
+    with locked_by_another_claimer(ids):
+        claimed = Job.objects.claim("late", batch_size=5, queues=["default"])
+    assert claimed == []
+    # The walk along the index saw every runnable job held: nothing is left for this
+    # claimer. Candidates read five at a time cannot tell: busy, ask again.
+    assert claimed.contended == (connection.vendor == "mysql")
