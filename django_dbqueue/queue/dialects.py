@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
@@ -192,14 +193,18 @@ def insert_rows(
     conn: BaseDatabaseWrapper,
     table: str,
     fields: Sequence[Field[Any, Any]],
-    rows: list[list[Any]],
+    columns: Sequence[Any],
+    varying: Sequence[bool],
+    count: int,
     batch_size: int,
 ) -> list[int] | None:
-    """INSERT ``rows`` (values prepared for ``fields``, JSON as text); return the new ids
-    in order, or None where the database cannot say (MySQL).
+    """INSERT ``count`` rows, ``columns`` holding each field's values prepared for the
+    database (JSON as text): a list of ``count`` values where ``varying`` says so, else
+    the one value of every row. Returns the new ids in order, or None where the database
+    cannot say (MySQL).
 
     Values go through the driver as parameters, never into the SQL text. A column whose
-    value is the same in every row of a statement is bound once:
+    value is the same in every row is bound once per statement:
 
     - PostgreSQL: ``INSERT ... SELECT ... FROM unnest(%s, %s, ...)``, one array per
       column that varies (server-side binding: the arrays are not rendered into the SQL).
@@ -209,32 +214,69 @@ def insert_rows(
     - SQLite and MySQL: multi-row ``VALUES``, with ``RETURNING`` where it exists.
     """
     qn = conn.ops.quote_name
-    columns = [qn(f.attname) for f in fields]
+    names = [qn(f.attname) for f in fields]
     new_ids: list[int] = []
     if conn.vendor == "postgresql":
-        for start in range(0, len(rows), batch_size):
-            new_ids += _insert_unnest(
-                conn, table, fields, columns, rows[start : start + batch_size]
-            )
-        return new_ids
-    if has_json_table_insert(conn):
-        for start in range(0, len(rows), batch_size):
-            new_ids += _insert_json_table(
-                conn, table, fields, columns, rows[start : start + batch_size]
-            )
-        return new_ids
-    placeholder = f"({placeholders(len(columns))})"
+        insert: Any = _insert_unnest
+    elif has_json_table_insert(conn):
+        insert = _insert_json_table
+    else:
+        return _insert_values(conn, table, names, columns, varying, count, batch_size)
+    for start in range(0, count, batch_size):
+        chunk = _Chunk(columns, varying, start, min(start + batch_size, count))
+        new_ids += insert(conn, table, fields, names, chunk)
+    return new_ids
+
+
+class _Chunk:
+    """The rows ``start:stop`` of :func:`insert_rows`' columns."""
+
+    def __init__(self, columns: Sequence[Any], varying: Sequence[bool], start: int, stop: int):
+        self.columns, self.varying, self.start, self.stop = columns, varying, start, stop
+        self.count = stop - start
+
+    def varying_values(self) -> list[list[Any]]:
+        """The values of the varying columns, one list per column."""
+        return [
+            c[self.start : self.stop] for c, v in zip(self.columns, self.varying, strict=True) if v
+        ]
+
+    def halves(self) -> tuple[_Chunk, _Chunk]:
+        middle = self.start + self.count // 2
+        return (
+            _Chunk(self.columns, self.varying, self.start, middle),
+            _Chunk(self.columns, self.varying, middle, self.stop),
+        )
+
+
+def _insert_values(
+    conn: BaseDatabaseWrapper,
+    table: str,
+    names: list[str],
+    columns: Sequence[Any],
+    varying: Sequence[bool],
+    count: int,
+    batch_size: int,
+) -> list[int] | None:
+    # SQLite binds at most 32,766 parameters per statement.
+    batch_size = max(1, min(batch_size, 30_000 // len(names)))
+    placeholder = f"({placeholders(len(names))})"
     returning = bool(conn.features.can_return_rows_from_bulk_insert)
+    new_ids: list[int] = []
     with conn.cursor() as cursor:
-        for start in range(0, len(rows), batch_size):
-            chunk = rows[start : start + batch_size]
+        for start in range(0, count, batch_size):
+            stop = min(start + batch_size, count)
+            sources = [
+                c[start:stop] if v else repeat(c, stop - start)
+                for c, v in zip(columns, varying, strict=True)
+            ]
             sql = (
-                f"INSERT INTO {table} ({', '.join(columns)}) VALUES "  # noqa: S608
-                f"{', '.join([placeholder] * len(chunk))}"
+                f"INSERT INTO {table} ({', '.join(names)}) VALUES "  # noqa: S608
+                f"{', '.join([placeholder] * (stop - start))}"
             )
             if returning:
-                sql += f" RETURNING {qn('id')}"
-            cursor.execute(sql, [value for row in chunk for value in row])
+                sql += f" RETURNING {conn.ops.quote_name('id')}"
+            cursor.execute(sql, [value for row in zip(*sources, strict=False) for value in row])
             if returning:
                 new_ids += [row[0] for row in cursor.fetchall()]
     return new_ids if returning else None
@@ -250,53 +292,44 @@ def has_json_table_insert(conn: BaseDatabaseWrapper) -> bool:
     )
 
 
-def _varying(rows: list[list[Any]]) -> list[bool]:
-    """Per column: do the rows hold different values?"""
-    first = rows[0]
-    varying = [False] * len(first)
-    for row in rows:
-        for index, value in enumerate(row):
-            if not varying[index] and value != first[index]:
-                varying[index] = True
-    return varying
-
-
 def _insert_unnest(
     conn: BaseDatabaseWrapper,
     table: str,
     fields: Sequence[Field[Any, Any]],
-    columns: list[str],
-    rows: list[list[Any]],
+    names: list[str],
+    chunk: _Chunk,
 ) -> list[int]:
     import psycopg
     from django.db.models import JSONField
 
-    varying = _varying(rows)
     select: list[str] = []
     arrays: list[str] = []
     params: list[Any] = []
-    array_params: list[Any] = []
-    for index, field in enumerate(fields):
+    array_names: list[str] = []
+    for index, (field, column, varies) in enumerate(
+        zip(fields, chunk.columns, chunk.varying, strict=True)
+    ):
         is_json = isinstance(field, JSONField)
         db_type = "text" if is_json else field.db_type(conn)
         cast = "::jsonb" if is_json else ""
-        if varying[index]:
-            name = f"c{index}"
+        if varies:
             arrays.append(f"%s::{db_type}[]")
-            array_params.append([row[index] for row in rows])
-            select.append(f"u.{name}{cast}")
+            array_names.append(f"c{index}")
+            select.append(f"u.c{index}{cast}")
         else:
             select.append(f"%s::{db_type}{cast}")
-            params.append(rows[0][index])
+            params.append(column)
     if arrays:
-        names = ", ".join(f"c{i}" for i, v in enumerate(varying) if v)
-        source = f"unnest({', '.join(arrays)}) WITH ORDINALITY AS u({names}, n) ORDER BY u.n"
-        params += array_params
+        source = (
+            f"unnest({', '.join(arrays)}) WITH ORDINALITY AS u({', '.join(array_names)}, n) "
+            "ORDER BY u.n"
+        )
+        params += chunk.varying_values()
     else:
         source = "generate_series(1, %s) AS u(n) ORDER BY u.n"
-        params.append(len(rows))
+        params.append(chunk.count)
     sql = (
-        f"INSERT INTO {table} ({', '.join(columns)}) "  # noqa: S608
+        f"INSERT INTO {table} ({', '.join(names)}) "  # noqa: S608
         f"SELECT {', '.join(select)} FROM {source} RETURNING {conn.ops.quote_name('id')}"
     )
     conn.ensure_connection()
@@ -314,44 +347,46 @@ def _insert_json_table(
     conn: BaseDatabaseWrapper,
     table: str,
     fields: Sequence[Field[Any, Any]],
-    columns: list[str],
-    rows: list[list[Any]],
+    names: list[str],
+    chunk: _Chunk,
 ) -> list[int]:
-    varying = _varying(rows)
-    document = json.dumps([[row[i] for i, v in enumerate(varying) if v] for row in rows])
-    limit = _max_packet(conn) // 2
-    if len(document) > limit and len(rows) > 1:
-        half = len(rows) // 2
-        return _insert_json_table(conn, table, fields, columns, rows[:half]) + (
-            _insert_json_table(conn, table, fields, columns, rows[half:])
+    values = chunk.varying_values()
+    if values:
+        document = json.dumps(list(zip(*values, strict=True)))
+    else:
+        document = "[" + ",".join(["0"] * chunk.count) + "]"
+    if len(document) > _max_packet(conn) // 2 and chunk.count > 1:
+        first, second = chunk.halves()
+        return _insert_json_table(conn, table, fields, names, first) + (
+            _insert_json_table(conn, table, fields, names, second)
         )
     select: list[str] = []
     params: list[Any] = []
     json_columns: list[str] = []
-    for index, field in enumerate(fields):
-        if varying[index]:
+    for index, (field, column, varies) in enumerate(
+        zip(fields, chunk.columns, chunk.varying, strict=True)
+    ):
+        if varies:
             kind = _JSON_TABLE_TYPES.get(field.get_internal_type()) or field.db_type(conn)
             path = f"$[{len(json_columns)}]"
             json_columns.append(f"c{index} {kind} PATH '{path}' ERROR ON ERROR")
             select.append(f"jt.c{index}")
         else:
             select.append("%s")
-            params.append(rows[0][index])
-    if json_columns:
-        source = f"JSON_TABLE(%s, '$[*]' COLUMNS ({', '.join(json_columns)})) AS jt"
-        params.append(document)
-    else:
-        source = "JSON_TABLE(%s, '$[*]' COLUMNS (n FOR ORDINALITY)) AS jt"
-        params.append(json.dumps([0] * len(rows)))
+            params.append(column)
+    if not json_columns:
+        json_columns.append("n FOR ORDINALITY")
+    source = f"JSON_TABLE(%s, '$[*]' COLUMNS ({', '.join(json_columns)})) AS jt"
+    params.append(document)
     sql = (
-        f"INSERT INTO {table} ({', '.join(columns)}) "  # noqa: S608
+        f"INSERT INTO {table} ({', '.join(names)}) "  # noqa: S608
         f"SELECT {', '.join(select)} FROM {source} RETURNING {conn.ops.quote_name('id')}"
     )
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
         new_ids = [row[0] for row in cursor.fetchall()]
-    if len(new_ids) != len(rows):
-        raise RuntimeError(f"inserted {len(new_ids)} jobs of {len(rows)}")
+    if len(new_ids) != chunk.count:
+        raise RuntimeError(f"inserted {len(new_ids)} jobs of {chunk.count}")
     return new_ids
 
 

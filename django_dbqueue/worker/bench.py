@@ -17,8 +17,9 @@ from django.conf import settings as django_settings
 from django.db import connections, router, transaction
 from django.utils import timezone
 
+from django_dbqueue.bulk import enqueue_many
 from django_dbqueue.conf import settings
-from django_dbqueue.enqueueing import enqueue, enqueue_many, new_job
+from django_dbqueue.enqueueing import enqueue, new_job
 from django_dbqueue.models import Job
 from django_dbqueue.registry import job
 from django_dbqueue.worker.loop import Worker
