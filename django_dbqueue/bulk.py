@@ -52,8 +52,12 @@ class JobSpec:
 
 # The keys of a job given as a dict that are not options.
 _CALL_KEYS = frozenset({"task", "args", "kwargs"})
+_NO_TASK = object()
+_OPTIONS = frozenset(bounds.ENQUEUE_OPTIONS)
 # Options checked for each job: they commonly differ from job to job.
 _PER_JOB = frozenset({"run_after", "concurrency_key"})
+# Options checked once for the jobs that share them (unique_key is refused).
+_SHARED = _OPTIONS - _PER_JOB - {"unique_key"}
 # Options checked once for the jobs that share them (unique_key is refused).
 _SHARED = frozenset(bounds.ENQUEUE_OPTIONS) - _PER_JOB - {"unique_key"}
 # Option values whose equality means the same validation (exact types: a subclass may
@@ -133,18 +137,21 @@ class _Validated:
         args: Any
         kwargs: Any
         options: dict[str, Any] | None
-        if isinstance(item, JobSpec):
+        if type(item) is not dict and isinstance(item, JobSpec):
             task, args, kwargs, options = item.task, item.args, item.kwargs, item.options
         else:
-            if not isinstance(item, Mapping):
+            if type(item) is not dict and not isinstance(item, Mapping):
                 item = dict(item)
-            if "task" not in item:
+            task = item.get("task", _NO_TASK)
+            if task is _NO_TASK:
                 raise InvalidJob("every job needs a 'task'.")
-            task, args, kwargs = item["task"], item.get("args"), item.get("kwargs")
-            options = None if item.keys() <= _CALL_KEYS else _options(item)
+            args, kwargs = item.get("args"), item.get("kwargs")
+            keys = item.keys()
+            options = None if keys <= _CALL_KEYS else {k: item[k] for k in keys - _CALL_KEYS}
         run_after = concurrency_key = None
         if options:
-            bounds.unknown_options("enqueue_many()", options)
+            if not options.keys() <= _OPTIONS:
+                bounds.unknown_options("enqueue_many()", options)
             if options.get("unique_key") is not None:
                 raise InvalidJob(
                     "enqueue_many() does not take unique_key: its multi-row INSERT is one "
@@ -154,13 +161,13 @@ class _Validated:
             run_after = options.get("run_after")
             concurrency_key = options.get("concurrency_key")
         shared = self._shared(task, options)
-        call = check_call(shared, args, kwargs, concurrency_key, self.defaults)
-        if run_after is not None:
-            self.delayed = True
-            run_after = _run_after(run_after, self.now)
-        self.calls.append(call)
+        self.calls.append(check_call(shared, args, kwargs, concurrency_key, self.defaults))
         self.shared.append(shared)
-        self.run_after.append(run_after or self.now)
+        if run_after is None:
+            self.run_after.append(self.now)
+        else:
+            self.run_after.append(_run_after(run_after, self.now))
+            self.delayed = True
 
     def _shared(self, task: Any, options: dict[str, Any] | None) -> Shared:
         """The task and options validated, once per combination."""
@@ -168,7 +175,7 @@ class _Validated:
         if options:
             parts: list[Any] = [key]
             for name, value in options.items():
-                if name not in _PER_JOB:
+                if name in _SHARED:
                     if type(value) not in _SAME_IF_EQUAL:
                         key = None
                         break
@@ -178,9 +185,7 @@ class _Validated:
         known = self.known.get(key) if key is not None else None
         if known is not None:
             return known[1]
-        given = {
-            n: v for n, v in (options or {}).items() if n not in _PER_JOB and n != "unique_key"
-        }
+        given = {name: value for name, value in (options or {}).items() if name in _SHARED}
         shared = check_shared(task, self.defaults, **given)
         if key is not None:
             self.known[key] = (task, shared)
@@ -256,7 +261,3 @@ class _Validated:
         ).__dict__
         attrs.pop("_state")
         return attrs
-
-
-def _options(item: Mapping[str, Any]) -> dict[str, Any]:
-    return {name: value for name, value in item.items() if name not in _CALL_KEYS}
