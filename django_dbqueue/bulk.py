@@ -22,12 +22,11 @@ from django.db import router, transaction
 from django.db.models.base import ModelState
 from django.utils import timezone
 
-from django_dbqueue import bounds
+from django_dbqueue import bounds, signals
 from django_dbqueue.enqueueing import (
     Call,
     Defaults,
     Shared,
-    _committed,
     _run_after,
     check_call,
     check_shared,
@@ -38,6 +37,7 @@ from django_dbqueue.exceptions import InvalidJob
 from django_dbqueue.models import Job
 from django_dbqueue.queue.insert import insert_columns
 from django_dbqueue.queue.keys import ensure_keys
+from django_dbqueue.worker import wakeup
 
 
 @dataclass
@@ -96,8 +96,21 @@ def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]], batch_size: int = 
             values, per_row = many.columns()
             new_ids = insert_columns(Job, using, len(many.calls), values, per_row, batch_size)
         created = many.jobs(new_ids, using)
-    transaction.on_commit(partial(_committed, created, using), using=using)
+    # Jobs without a run_after of their own are due: their queues are announced without
+    # looking at each job (wakeup.jobs_committed() compares each one's run_after).
+    due = None if many.delayed else {shared.queue for shared in many.distinct_shared()}
+    transaction.on_commit(partial(_committed, created, using, due), using=using)
     return created
+
+
+def _committed(jobs: list[Job], using: str, due: set[str] | None) -> None:
+    """On commit: wake the workers of ``due`` queues (None: of the jobs due now), then
+    tell ``jobs_enqueued``'s receivers."""
+    if due is None:
+        wakeup.jobs_committed(jobs, using)
+    else:
+        wakeup.notify(due, using=using)
+    signals.jobs_enqueued.send(Job, jobs=jobs)
 
 
 @contextmanager
@@ -191,6 +204,13 @@ class _Validated:
             self.known[key] = (task, shared)
         return shared
 
+    def distinct_shared(self) -> list[Shared]:
+        """The jobs' Shared values, each once."""
+        first = self.shared[0]
+        if all(shared is first for shared in self.shared):
+            return [first]
+        return list({id(shared): shared for shared in self.shared}.values())
+
     def columns(self) -> tuple[dict[str, Any], dict[str, list[Any]]]:
         """(values of every row, values per row) for :func:`insert_columns`."""
         calls = self.calls
@@ -199,9 +219,9 @@ class _Validated:
             "args": [call.args_text for call in calls],
             "kwargs": [call.kwargs_text for call in calls],
         }
-        first = self.shared[0]
-        if all(shared is first for shared in self.shared):
-            values.update(shared_attrs(first, self.now))
+        shared = self.distinct_shared()
+        if len(shared) == 1:
+            values.update(shared_attrs(shared[0], self.now))
         else:
             for name in (*_SHARED_COLUMNS, "backend"):
                 index = Shared._fields.index("path" if name == "task" else name)
