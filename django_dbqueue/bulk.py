@@ -94,8 +94,18 @@ def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]], batch_size: int = 
             if keys:
                 ensure_keys(using, keys)
             values, per_row = many.columns()
-            new_ids = insert_columns(Job, using, len(many.calls), values, per_row, batch_size)
-        created = many.jobs(new_ids, using)
+            created: list[Job] = []
+            # Each statement's jobs are built once its ids are known (on MariaDB while the
+            # next statement runs).
+            insert_columns(
+                Job,
+                using,
+                len(many.calls),
+                values,
+                per_row,
+                batch_size,
+                lambda start, stop, ids: created.extend(many.jobs(start, stop, ids, using)),
+            )
     # Jobs without a run_after of their own are due: their queues are announced without
     # looking at each job (wakeup.jobs_committed() compares each one's run_after).
     due = None if many.delayed else {shared.queue for shared in many.distinct_shared()}
@@ -144,6 +154,8 @@ class _Validated:
         self.shared: list[Shared] = []
         self.run_after: list[datetime] = []
         self.delayed = False  # a job has a run_after of its own
+        # id(Shared) -> the attributes of its jobs (Shared values are kept in self.shared)
+        self.templates: dict[int, dict[str, Any]] = {}
 
     def add(self, item: JobSpec | Mapping[str, Any]) -> None:
         task: Any
@@ -235,14 +247,19 @@ class _Validated:
             per_row["concurrency_limit"] = [call.concurrency_limit for call in calls]
         return values, per_row
 
-    def jobs(self, new_ids: list[int] | None, using: str) -> list[Job]:
-        """The saved jobs (ids None where the database does not return them: MySQL)."""
-        templates: dict[int, dict[str, Any]] = {}
-        ids = new_ids if new_ids is not None else [None] * len(self.calls)
+    def jobs(self, start: int, stop: int, new_ids: list[int] | None, using: str) -> list[Job]:
+        """The saved jobs ``start:stop`` (ids None where the database does not return
+        them: MySQL)."""
+        templates = self.templates
+        ids = new_ids if new_ids is not None else [None] * (stop - start)
         make = Job.__new__
         created: list[Job] = []
         for new_id, call, shared, run_after in zip(
-            ids, self.calls, self.shared, self.run_after, strict=True
+            ids,
+            self.calls[start:stop],
+            self.shared[start:stop],
+            self.run_after[start:stop],
+            strict=True,
         ):
             template = templates.get(id(shared))
             if template is None:

@@ -216,3 +216,48 @@ def test_options_equal_in_value_but_not_in_type_are_each_stored_as_given() -> No
     rows = {job.pk: job for job in Job.objects.all()}
     assert [rows[job.pk].timeout for job in created[:2]] == [2.0, 2.0]
     assert [rows[job.pk].run_after for job in created[2:]] == [when, when]
+
+
+def test_a_failure_while_the_next_statement_runs_writes_nothing_and_leaves_the_connection_usable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from django_dbqueue import bulk
+
+    built = bulk._Validated.jobs
+
+    def fail_once(self: Any, *args: Any) -> list[Job]:
+        monkeypatch.setattr(bulk._Validated, "jobs", built)
+        raise RuntimeError("building the first statement's jobs failed")
+
+    monkeypatch.setattr(bulk._Validated, "jobs", fail_once)
+    with pytest.raises(RuntimeError):
+        enqueue_many(({"task": jobs.add, "args": [i, i]} for i in range(300)), batch_size=100)
+    assert not Job.objects.exists()  # the connection answers: no statement was left unread
+    assert len(enqueue_many([{"task": jobs.noop}] * 250, batch_size=100)) == 250
+
+
+@pytest.mark.only_vendor("mysql")
+def test_a_database_error_in_a_later_statement_writes_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from django.db import DatabaseError
+
+    from django_dbqueue.queue import dialects
+
+    made = dialects._json_table_statements
+    count = 0
+
+    def second_one_broken(*args: Any) -> Any:
+        nonlocal count
+        count += 1
+        statements = made(*args)
+        if count == 2:
+            return [(rows, sql.replace("INSERT INTO", "INSERT INTO nowhere"), params)
+                    for rows, sql, params in statements]  # fmt: skip
+        return statements
+
+    monkeypatch.setattr(dialects, "_json_table_statements", second_one_broken)
+    with pytest.raises(DatabaseError):
+        enqueue_many(({"task": jobs.add, "args": [i, i]} for i in range(300)), batch_size=100)
+    assert count == 2
+    assert not Job.objects.exists()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
@@ -197,11 +197,16 @@ def insert_rows(
     varying: Sequence[bool],
     count: int,
     batch_size: int,
+    done: Done | None = None,
 ) -> list[int] | None:
     """INSERT ``count`` rows, ``columns`` holding each field's values prepared for the
     database (JSON as text): a list of ``count`` values where ``varying`` says so, else
     the one value of every row. Returns the new ids in order, or None where the database
     cannot say (MySQL).
+
+    ``done(start, stop, ids)`` is called for each statement's rows once it has run. On
+    MariaDB it is called while the next statement runs: the caller's work on the rows
+    inserted (building their Job objects) and the database's on the next ones overlap.
 
     Values go through the driver as parameters, never into the SQL text. A column whose
     value is the same in every row is bound once per statement:
@@ -215,17 +220,29 @@ def insert_rows(
     """
     qn = conn.ops.quote_name
     names = [qn(f.attname) for f in fields]
+    done = done or _nothing
+    chunks = [
+        _Chunk(columns, varying, start, min(start + batch_size, count))
+        for start in range(0, count, batch_size)
+    ]
+    if has_json_table_insert(conn):
+        return _insert_json_tables(conn, table, fields, names, chunks, done)
+    if conn.vendor != "postgresql":
+        return _insert_values(conn, table, names, columns, varying, count, batch_size, done)
     new_ids: list[int] = []
-    if conn.vendor == "postgresql":
-        insert: Any = _insert_unnest
-    elif has_json_table_insert(conn):
-        insert = _insert_json_table
-    else:
-        return _insert_values(conn, table, names, columns, varying, count, batch_size)
-    for start in range(0, count, batch_size):
-        chunk = _Chunk(columns, varying, start, min(start + batch_size, count))
-        new_ids += insert(conn, table, fields, names, chunk)
+    for chunk in chunks:
+        ids = _insert_unnest(conn, table, fields, names, chunk)
+        done(chunk.start, chunk.stop, ids)
+        new_ids += ids
     return new_ids
+
+
+# done(start, stop, ids) of insert_rows
+Done = Callable[[int, int, "list[int] | None"], None]
+
+
+def _nothing(start: int, stop: int, ids: list[int] | None) -> None:
+    pass
 
 
 class _Chunk:
@@ -257,6 +274,7 @@ def _insert_values(
     varying: Sequence[bool],
     count: int,
     batch_size: int,
+    done: Done,
 ) -> list[int] | None:
     # SQLite binds at most 32,766 parameters per statement.
     batch_size = max(1, min(batch_size, 30_000 // len(names)))
@@ -277,8 +295,9 @@ def _insert_values(
             if returning:
                 sql += f" RETURNING {conn.ops.quote_name('id')}"
             cursor.execute(sql, [value for row in zip(*sources, strict=False) for value in row])
-            if returning:
-                new_ids += [row[0] for row in cursor.fetchall()]
+            ids = [row[0] for row in cursor.fetchall()] if returning else None
+            done(start, stop, ids)
+            new_ids += ids or []
     return new_ids if returning else None
 
 
@@ -343,13 +362,15 @@ def _insert_unnest(
 _JSON_TABLE_TYPES = {"JSONField": "LONGTEXT", "TextField": "LONGTEXT"}
 
 
-def _insert_json_table(
+def _json_table_statements(
     conn: BaseDatabaseWrapper,
     table: str,
     fields: Sequence[Field[Any, Any]],
     names: list[str],
     chunk: _Chunk,
-) -> list[int]:
+) -> list[tuple[_Chunk, str, list[Any]]]:
+    """(rows, INSERT, its parameters) for ``chunk``: one statement, or more where its
+    JSON document would pass half of ``max_allowed_packet``."""
     values = chunk.varying_values()
     if values:
         document = json.dumps(list(zip(*values, strict=True)))
@@ -357,8 +378,8 @@ def _insert_json_table(
         document = "[" + ",".join(["0"] * chunk.count) + "]"
     if len(document) > _max_packet(conn) // 2 and chunk.count > 1:
         first, second = chunk.halves()
-        return _insert_json_table(conn, table, fields, names, first) + (
-            _insert_json_table(conn, table, fields, names, second)
+        return _json_table_statements(conn, table, fields, names, first) + (
+            _json_table_statements(conn, table, fields, names, second)
         )
     select: list[str] = []
     params: list[Any] = []
@@ -382,11 +403,45 @@ def _insert_json_table(
         f"INSERT INTO {table} ({', '.join(names)}) "  # noqa: S608
         f"SELECT {', '.join(select)} FROM {source} RETURNING {conn.ops.quote_name('id')}"
     )
-    with conn.cursor() as cursor:
-        cursor.execute(sql, params)
-        new_ids = [row[0] for row in cursor.fetchall()]
-    if len(new_ids) != chunk.count:
-        raise RuntimeError(f"inserted {len(new_ids)} jobs of {chunk.count}")
+    return [(chunk, sql, params)]
+
+
+def _insert_json_tables(
+    conn: BaseDatabaseWrapper,
+    table: str,
+    fields: Sequence[Field[Any, Any]],
+    names: list[str],
+    chunks: list[_Chunk],
+    done: Done,
+) -> list[int]:
+    """The JSON_TABLE INSERTs, each sent before ``done`` is called for the one before
+    it (mysqlclient's ``send_query`` returns at once; ``read_query_result`` waits), so
+    the database inserts while Python works. A statement is always read before the
+    next is sent or an error is raised: the connection is never left mid-statement."""
+    conn.ensure_connection()
+    raw: Any = conn.connection
+    new_ids: list[int] = []
+    finished: tuple[_Chunk, list[int]] | None = None
+    with raw.cursor() as cursor:  # mysqlclient's own, to bind the parameters
+        for chunk in chunks:
+            for rows, sql, params in _json_table_statements(conn, table, fields, names, chunk):
+                query = cursor.mogrify(sql, params).encode(raw.encoding)
+                with conn.wrap_database_errors:
+                    raw.send_query(query)
+                try:
+                    if finished is not None:
+                        done(finished[0].start, finished[0].stop, finished[1])
+                finally:
+                    with conn.wrap_database_errors:
+                        raw.read_query_result()
+                        result = raw.store_result()
+                ids = [row[0] for row in result.fetch_row(0)]
+                if len(ids) != rows.count:
+                    raise RuntimeError(f"inserted {len(ids)} jobs of {rows.count}")
+                finished = (rows, ids)
+                new_ids += ids
+    if finished is not None:
+        done(finished[0].start, finished[0].stop, finished[1])
     return new_ids
 
 

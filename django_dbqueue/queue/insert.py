@@ -16,7 +16,7 @@ from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import JSONField
 
-from django_dbqueue.queue.dialects import insert_one_sql, insert_rows
+from django_dbqueue.queue.dialects import Done, insert_one_sql, insert_rows
 
 if TYPE_CHECKING:
     from django_dbqueue.models import Job
@@ -186,9 +186,12 @@ def insert_columns(
     values: Mapping[str, Any],
     per_row: Mapping[str, list[Any]],
     batch_size: int,
+    done: Done | None = None,
 ) -> list[int] | None:
     """INSERT ``count`` job rows in multi-row statements; the new ids, in order, where
     the database says them (MariaDB, PostgreSQL and SQLite; not MySQL: None).
+    ``done(start, stop, ids)``: called for each statement's rows once they are
+    inserted (:func:`.dialects.insert_rows`).
 
     ``values``: a column's value in every row; ``per_row``: a column's ``count``
     values. Both as a Job's attributes hold them, except that a JSON column of
@@ -200,7 +203,7 @@ def insert_columns(
     rows = dict(per_row)
     for name in plan.datetimes.intersection(rows):
         rows[name] = [None if v is None else plan.adapt_datetime(v) for v in rows[name]]
-    return _insert_prepared(plan, count, prepared, rows, batch_size)
+    return _insert_prepared(plan, count, prepared, rows, batch_size, done)
 
 
 def _insert_prepared(
@@ -209,6 +212,7 @@ def _insert_prepared(
     values: Mapping[str, Any],
     per_row: Mapping[str, list[Any]],
     batch_size: int,
+    done: Done | None = None,
 ) -> list[int] | None:
     """:func:`insert_columns` of values prepared for the driver. A column whose values
     are all equal is bound once per statement (:func:`.dialects.insert_rows`)."""
@@ -230,7 +234,9 @@ def _insert_prepared(
         else:
             raise ValueError(f"no value for the job column {name!r}")
         varying.append(False)
-    return insert_rows(plan.conn, plan.table, plan.fields, columns, varying, count, batch_size)
+    return insert_rows(
+        plan.conn, plan.table, plan.fields, columns, varying, count, batch_size, done
+    )
 
 
 def insert_many(model: type[Job], using: str, jobs: Sequence[Job], batch_size: int) -> list[Job]:
