@@ -68,44 +68,37 @@ _SHARED_COLUMNS = ("task", "queue", "priority", "max_attempts", "timeout", "retr
 
 
 def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]], batch_size: int = 5000) -> list[Job]:
-    """Validate every job, then insert them all, ``batch_size`` rows per statement, in
-    one transaction; returns the saved jobs, in order.
+    """Validate every job and insert them all, ``batch_size`` rows per statement, in
+    one transaction (a savepoint inside the caller's); returns the saved jobs, in order.
 
-    Each item is a :class:`JobSpec` or a dict with the keys of :func:`enqueue`.
-    Nothing is written if any item is invalid (InvalidJob, or TypeError for a misspelt
-    option, naming the job's index). ``unique_key`` is refused: one multi-row INSERT
+    Each item is a :class:`JobSpec` or a dict with the keys of :func:`enqueue`. The
+    items are read first, then validated a batch at a time, each batch before its
+    INSERT: an invalid item (InvalidJob, or TypeError for a misspelt option, naming the
+    job's index) rolls back the batches before it, so nothing is written. ``unique_key`` is refused: one multi-row INSERT
     cannot skip the rows whose key is taken (MariaDB's INSERT IGNORE would also swallow
     every other error), so use :func:`enqueue` for unique jobs.
     """
+    # The caller's iterable is read before any statement: it may query the database.
+    items = jobs if isinstance(jobs, list | tuple) else list(jobs)
     with _no_cyclic_gc():
         many = _Validated(timezone.now(), Defaults.read())
-        for index, item in enumerate(jobs):
-            try:
-                many.add(item)
-            except InvalidJob as exc:
-                raise InvalidJob(f"job {index}: {exc}") from None
-            except TypeError as exc:  # a misspelt option: a mistake of the calling code
-                raise TypeError(f"job {index}: {exc}") from None
-        if not many.calls:
+        if not items:
             return []
         using = router.db_for_write(Job)
+        created: list[Job] = []
         with transaction.atomic(using=using):
-            keys = [call.concurrency_key for call in many.calls if call.concurrency_key]
-            if keys:
-                ensure_keys(using, keys)
-            values, per_row = many.columns()
-            created: list[Job] = []
-            # Each statement's jobs are built once its ids are known (on MariaDB while the
-            # next statement runs).
+            # Each batch is validated before its INSERT (on MariaDB, while the one before
+            # runs); a bad job rolls back what was inserted. Each statement's jobs are
+            # built once its ids are known (on MariaDB, while the next statement runs).
             insert_columns(
                 Job,
                 using,
-                len(many.calls),
-                values,
-                per_row,
-                batch_size,
+                many.batches(items, batch_size),
                 lambda start, stop, ids: created.extend(many.jobs(start, stop, ids, using)),
             )
+            keys = [call.concurrency_key for call in many.calls if call.concurrency_key]
+            if keys:
+                ensure_keys(using, keys)
     # Jobs without a run_after of their own are due: their queues are announced without
     # looking at each job (wakeup.jobs_committed() compares each one's run_after).
     due = None if many.delayed else {shared.queue for shared in many.distinct_shared()}
@@ -156,6 +149,20 @@ class _Validated:
         self.delayed = False  # a job has a run_after of its own
         # id(Shared) -> the attributes of its jobs (Shared values are kept in self.shared)
         self.templates: dict[int, dict[str, Any]] = {}
+
+    def batches(
+        self, items: Sequence[JobSpec | Mapping[str, Any]], size: int
+    ) -> Iterator[tuple[int, dict[str, Any], dict[str, list[Any]]]]:
+        """(count, values, per_row) of each ``size`` items, validated when asked for."""
+        for start in range(0, len(items), size):
+            for index in range(start, min(start + size, len(items))):
+                try:
+                    self.add(items[index])
+                except InvalidJob as exc:
+                    raise InvalidJob(f"job {index}: {exc}") from None
+                except TypeError as exc:  # a misspelt option: a mistake of the calling code
+                    raise TypeError(f"job {index}: {exc}") from None
+            yield len(self.calls) - start, *self.columns(start)
 
     def add(self, item: JobSpec | Mapping[str, Any]) -> None:
         task: Any
@@ -216,30 +223,32 @@ class _Validated:
             self.known[key] = (task, shared)
         return shared
 
-    def distinct_shared(self) -> list[Shared]:
-        """The jobs' Shared values, each once."""
-        first = self.shared[0]
-        if all(shared is first for shared in self.shared):
+    def distinct_shared(self, start: int = 0) -> list[Shared]:
+        """The Shared values of the jobs from ``start`` on, each once."""
+        shared = self.shared[start:] if start else self.shared
+        first = shared[0]
+        if all(one is first for one in shared):
             return [first]
-        return list({id(shared): shared for shared in self.shared}.values())
+        return list({id(one): one for one in shared}.values())
 
-    def columns(self) -> tuple[dict[str, Any], dict[str, list[Any]]]:
-        """(values of every row, values per row) for :func:`insert_columns`."""
-        calls = self.calls
+    def columns(self, start: int) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+        """(values of every row, values per row) of the jobs from ``start`` on, for
+        :func:`insert_columns`."""
+        calls = self.calls[start:]
         values: dict[str, Any] = {"errors": [], "created_at": self.now}
         per_row: dict[str, list[Any]] = {
             "args": [call.args_text for call in calls],
             "kwargs": [call.kwargs_text for call in calls],
         }
-        shared = self.distinct_shared()
+        shared = self.distinct_shared(start)
         if len(shared) == 1:
             values.update(shared_attrs(shared[0], self.now))
         else:
             for name in (*_SHARED_COLUMNS, "backend"):
                 index = Shared._fields.index("path" if name == "task" else name)
-                per_row[name] = [shared[index] for shared in self.shared]
+                per_row[name] = [one[index] for one in self.shared[start:]]
         if self.delayed:
-            per_row["run_after"] = self.run_after
+            per_row["run_after"] = self.run_after[start:]
         else:
             values["run_after"] = self.now
         if any(call.concurrency_key is not None for call in calls):

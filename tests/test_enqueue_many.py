@@ -261,3 +261,25 @@ def test_a_database_error_in_a_later_statement_writes_nothing(
         enqueue_many(({"task": jobs.add, "args": [i, i]} for i in range(300)), batch_size=100)
     assert count == 2
     assert not Job.objects.exists()
+
+
+def test_a_bad_job_in_a_later_batch_rolls_back_the_batches_before_it_only() -> None:
+    kept = enqueue_many([{"task": jobs.noop}])
+    items: list[Any] = [{"task": jobs.add, "args": [i, 1]} for i in range(500)]
+    items.append({"task": jobs.add, "args": [object()]})
+    with transaction.atomic():
+        mine = enqueue_many([{"task": jobs.noop, "queue": "emails"}])
+        with pytest.raises(InvalidJob, match="job 500: "):
+            enqueue_many(items, batch_size=100)  # five statements ran before job 500
+        assert Job.objects.filter(task="tests.support.jobs.add").count() == 0
+    assert sorted(Job.objects.values_list("pk", flat=True)) == [kept[0].pk, mine[0].pk]
+
+
+def test_a_generator_that_queries_the_database_for_each_job() -> None:
+    enqueue_many([{"task": jobs.noop}] * 30)
+    created = enqueue_many(
+        ({"task": jobs.add, "args": [job.pk, Job.objects.filter(pk=job.pk).count()]}
+         for job in Job.objects.order_by("pk").iterator(chunk_size=7)),
+        batch_size=10,
+    )  # fmt: skip
+    assert [job.args[1] for job in created] == [1] * 30

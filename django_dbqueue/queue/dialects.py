@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from itertools import repeat
 from typing import TYPE_CHECKING, Any
@@ -193,20 +193,17 @@ def insert_rows(
     conn: BaseDatabaseWrapper,
     table: str,
     fields: Sequence[Field[Any, Any]],
-    columns: Sequence[Any],
-    varying: Sequence[bool],
-    count: int,
-    batch_size: int,
+    batches: Iterable[Rows],
     done: Done | None = None,
 ) -> list[int] | None:
-    """INSERT ``count`` rows, ``columns`` holding each field's values prepared for the
-    database (JSON as text): a list of ``count`` values where ``varying`` says so, else
-    the one value of every row. Returns the new ids in order, or None where the database
-    cannot say (MySQL).
+    """INSERT each of ``batches`` in one statement (more where a database limit says
+    so); returns the new ids in order, or None where the database cannot say (MySQL).
 
     ``done(start, stop, ids)`` is called for each statement's rows once it has run. On
-    MariaDB it is called while the next statement runs: the caller's work on the rows
-    inserted (building their Job objects) and the database's on the next ones overlap.
+    MariaDB each statement is sent before the batch after it is taken from ``batches``
+    and before ``done`` is called for the statement before it: the caller's work (making
+    the next batch, building the jobs of the last) and the database's overlap. Nothing
+    else may use the connection meanwhile.
 
     Values go through the driver as parameters, never into the SQL text. A column whose
     value is the same in every row is bound once per statement:
@@ -221,18 +218,14 @@ def insert_rows(
     qn = conn.ops.quote_name
     names = [qn(f.attname) for f in fields]
     done = done or _nothing
-    chunks = [
-        _Chunk(columns, varying, start, min(start + batch_size, count))
-        for start in range(0, count, batch_size)
-    ]
     if has_json_table_insert(conn):
-        return _insert_json_tables(conn, table, fields, names, chunks, done)
+        return _insert_json_tables(conn, table, fields, names, batches, done)
     if conn.vendor != "postgresql":
-        return _insert_values(conn, table, names, columns, varying, count, batch_size, done)
+        return _insert_values(conn, table, names, batches, done)
     new_ids: list[int] = []
-    for chunk in chunks:
-        ids = _insert_unnest(conn, table, fields, names, chunk)
-        done(chunk.start, chunk.stop, ids)
+    for rows in batches:
+        ids = _insert_unnest(conn, table, fields, names, rows)
+        done(rows.offset, rows.offset + rows.count, ids)
         new_ids += ids
     return new_ids
 
@@ -245,59 +238,58 @@ def _nothing(start: int, stop: int, ids: list[int] | None) -> None:
     pass
 
 
-class _Chunk:
-    """The rows ``start:stop`` of :func:`insert_rows`' columns."""
+class Rows:
+    """Rows to insert: ``columns`` hold each field's values prepared for the database
+    (JSON as text), a list of ``count`` values where ``varying`` says so, else the one
+    value of every row. ``offset``: the number of the first row, for ``done``."""
 
-    def __init__(self, columns: Sequence[Any], varying: Sequence[bool], start: int, stop: int):
-        self.columns, self.varying, self.start, self.stop = columns, varying, start, stop
-        self.count = stop - start
+    def __init__(
+        self, columns: Sequence[Any], varying: Sequence[bool], count: int, offset: int = 0
+    ) -> None:
+        self.columns, self.varying, self.count, self.offset = columns, varying, count, offset
 
-    def varying_values(self) -> list[list[Any]]:
+    def part(self, start: int, stop: int) -> Rows:
+        """The rows ``start:stop`` of these."""
+        pairs = zip(self.columns, self.varying, strict=True)
+        columns = [column[start:stop] if varies else column for column, varies in pairs]
+        return Rows(columns, self.varying, stop - start, self.offset + start)
+
+    def varying_values(self) -> list[Any]:
         """The values of the varying columns, one list per column."""
-        return [
-            c[self.start : self.stop] for c, v in zip(self.columns, self.varying, strict=True) if v
-        ]
-
-    def halves(self) -> tuple[_Chunk, _Chunk]:
-        middle = self.start + self.count // 2
-        return (
-            _Chunk(self.columns, self.varying, self.start, middle),
-            _Chunk(self.columns, self.varying, middle, self.stop),
-        )
+        return [c for c, v in zip(self.columns, self.varying, strict=True) if v]
 
 
 def _insert_values(
     conn: BaseDatabaseWrapper,
     table: str,
     names: list[str],
-    columns: Sequence[Any],
-    varying: Sequence[bool],
-    count: int,
-    batch_size: int,
+    batches: Iterable[Rows],
     done: Done,
 ) -> list[int] | None:
     # SQLite binds at most 32,766 parameters per statement.
-    batch_size = max(1, min(batch_size, 30_000 // len(names)))
+    most = max(1, 30_000 // len(names))
     placeholder = f"({placeholders(len(names))})"
     returning = bool(conn.features.can_return_rows_from_bulk_insert)
     new_ids: list[int] = []
     with conn.cursor() as cursor:
-        for start in range(0, count, batch_size):
-            stop = min(start + batch_size, count)
-            sources = [
-                c[start:stop] if v else repeat(c, stop - start)
-                for c, v in zip(columns, varying, strict=True)
-            ]
-            sql = (
-                f"INSERT INTO {table} ({', '.join(names)}) VALUES "  # noqa: S608
-                f"{', '.join([placeholder] * (stop - start))}"
-            )
-            if returning:
-                sql += f" RETURNING {conn.ops.quote_name('id')}"
-            cursor.execute(sql, [value for row in zip(*sources, strict=False) for value in row])
-            ids = [row[0] for row in cursor.fetchall()] if returning else None
-            done(start, stop, ids)
-            new_ids += ids or []
+        for batch in batches:
+            for start in range(0, batch.count, most):
+                rows = batch.part(start, min(start + most, batch.count))
+                sources = [
+                    c if v else repeat(c, rows.count)
+                    for c, v in zip(rows.columns, rows.varying, strict=True)
+                ]
+                sql = (
+                    f"INSERT INTO {table} ({', '.join(names)}) VALUES "  # noqa: S608
+                    f"{', '.join([placeholder] * rows.count)}"
+                )
+                if returning:
+                    sql += f" RETURNING {conn.ops.quote_name('id')}"
+                params = [value for row in zip(*sources, strict=False) for value in row]
+                cursor.execute(sql, params)
+                ids = [row[0] for row in cursor.fetchall()] if returning else None
+                done(rows.offset, rows.offset + rows.count, ids)
+                new_ids += ids or []
     return new_ids if returning else None
 
 
@@ -316,7 +308,7 @@ def _insert_unnest(
     table: str,
     fields: Sequence[Field[Any, Any]],
     names: list[str],
-    chunk: _Chunk,
+    chunk: Rows,
 ) -> list[int]:
     import psycopg
     from django.db.models import JSONField
@@ -367,8 +359,8 @@ def _json_table_statements(
     table: str,
     fields: Sequence[Field[Any, Any]],
     names: list[str],
-    chunk: _Chunk,
-) -> list[tuple[_Chunk, str, list[Any]]]:
+    chunk: Rows,
+) -> list[tuple[Rows, str, list[Any]]]:
     """(rows, INSERT, its parameters) for ``chunk``: one statement, or more where its
     JSON document would pass half of ``max_allowed_packet``."""
     values = chunk.varying_values()
@@ -377,7 +369,8 @@ def _json_table_statements(
     else:
         document = "[" + ",".join(["0"] * chunk.count) + "]"
     if len(document) > _max_packet(conn) // 2 and chunk.count > 1:
-        first, second = chunk.halves()
+        middle = chunk.count // 2
+        first, second = chunk.part(0, middle), chunk.part(middle, chunk.count)
         return _json_table_statements(conn, table, fields, names, first) + (
             _json_table_statements(conn, table, fields, names, second)
         )
@@ -411,26 +404,32 @@ def _insert_json_tables(
     table: str,
     fields: Sequence[Field[Any, Any]],
     names: list[str],
-    chunks: list[_Chunk],
+    batches: Iterable[Rows],
     done: Done,
 ) -> list[int]:
-    """The JSON_TABLE INSERTs, each sent before ``done`` is called for the one before
-    it (mysqlclient's ``send_query`` returns at once; ``read_query_result`` waits), so
-    the database inserts while Python works. A statement is always read before the
-    next is sent or an error is raised: the connection is never left mid-statement."""
+    """The JSON_TABLE INSERTs, pipelined (see :func:`insert_rows`): mysqlclient's
+    ``send_query`` returns at once and ``read_query_result`` waits. A statement sent is
+    always read before the next is sent or an error is raised (the caller's included):
+    the connection is never left in the middle of a statement."""
     conn.ensure_connection()
     raw: Any = conn.connection
     new_ids: list[int] = []
-    finished: tuple[_Chunk, list[int]] | None = None
+    finished: tuple[Rows, list[int]] | None = None
+    waiting = iter(batches)
+    batch = next(waiting, None)
     with raw.cursor() as cursor:  # mysqlclient's own, to bind the parameters
-        for chunk in chunks:
-            for rows, sql, params in _json_table_statements(conn, table, fields, names, chunk):
+        while batch is not None:
+            statements = _json_table_statements(conn, table, fields, names, batch)
+            for number, (rows, sql, params) in enumerate(statements, 1):
                 query = cursor.mogrify(sql, params).encode(raw.encoding)
                 with conn.wrap_database_errors:
                     raw.send_query(query)
-                try:
+                try:  # while the database runs it
                     if finished is not None:
-                        done(finished[0].start, finished[0].stop, finished[1])
+                        _report(done, *finished)
+                        finished = None
+                    if number == len(statements):
+                        batch = next(waiting, None)
                 finally:
                     with conn.wrap_database_errors:
                         raw.read_query_result()
@@ -441,8 +440,12 @@ def _insert_json_tables(
                 finished = (rows, ids)
                 new_ids += ids
     if finished is not None:
-        done(finished[0].start, finished[0].stop, finished[1])
+        _report(done, *finished)
     return new_ids
+
+
+def _report(done: Done, rows: Rows, ids: list[int]) -> None:
+    done(rows.offset, rows.offset + rows.count, ids)
 
 
 def _max_packet(conn: BaseDatabaseWrapper) -> int:

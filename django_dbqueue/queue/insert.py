@@ -9,14 +9,14 @@ the nullable columns it leaves NULL not named at all).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import JSONField
 
-from django_dbqueue.queue.dialects import Done, insert_one_sql, insert_rows
+from django_dbqueue.queue.dialects import Done, Rows, insert_one_sql, insert_rows
 
 if TYPE_CHECKING:
     from django_dbqueue.models import Job
@@ -182,40 +182,43 @@ def json_text(job: Job) -> dict[str, str]:
 def insert_columns(
     model: type[Job],
     using: str,
-    count: int,
-    values: Mapping[str, Any],
-    per_row: Mapping[str, list[Any]],
-    batch_size: int,
+    batches: Iterable[tuple[int, Mapping[str, Any], Mapping[str, list[Any]]]],
     done: Done | None = None,
 ) -> list[int] | None:
-    """INSERT ``count`` job rows in multi-row statements; the new ids, in order, where
-    the database says them (MariaDB, PostgreSQL and SQLite; not MySQL: None).
-    ``done(start, stop, ids)``: called for each statement's rows once they are
-    inserted (:func:`.dialects.insert_rows`).
+    """INSERT job rows, one multi-row statement per batch of ``(count, values,
+    per_row)``; the new ids, in order, where the database says them (MariaDB,
+    PostgreSQL and SQLite; not MySQL: None).
 
-    ``values``: a column's value in every row; ``per_row``: a column's ``count``
-    values. Both as a Job's attributes hold them, except that a JSON column of
+    ``values``: a column's value in every row of the batch; ``per_row``: a column's
+    ``count`` values. Both as a Job's attributes hold them, except that a JSON column of
     ``per_row`` is given as its JSON text. Every other column takes its default.
+    ``done(start, stop, ids)`` and when ``batches`` is read: :func:`.dialects.insert_rows`.
     """
     conn = connections[using]
     plan = _plan(model, conn)
-    prepared = {name: plan.prepare(name, value) for name, value in values.items()}
-    rows = dict(per_row)
-    for name in plan.datetimes.intersection(rows):
-        rows[name] = [None if v is None else plan.adapt_datetime(v) for v in rows[name]]
-    return _insert_prepared(plan, count, prepared, rows, batch_size, done)
+
+    def prepared() -> Iterator[Rows]:
+        offset = 0
+        for count, values, per_row in batches:
+            ready = {name: plan.prepare(name, value) for name, value in values.items()}
+            rows = dict(per_row)
+            for name in plan.datetimes.intersection(rows):
+                rows[name] = [None if v is None else plan.adapt_datetime(v) for v in rows[name]]
+            yield _rows(plan, count, ready, rows, offset)
+            offset += count
+
+    return insert_rows(conn, plan.table, plan.fields, prepared(), done)
 
 
-def _insert_prepared(
+def _rows(
     plan: OneRowInsert,
     count: int,
     values: Mapping[str, Any],
     per_row: Mapping[str, list[Any]],
-    batch_size: int,
-    done: Done | None = None,
-) -> list[int] | None:
-    """:func:`insert_columns` of values prepared for the driver. A column whose values
-    are all equal is bound once per statement (:func:`.dialects.insert_rows`)."""
+    offset: int,
+) -> Rows:
+    """The prepared values of ``count`` rows as :class:`.dialects.Rows`; a column whose
+    values are all equal is bound once per statement."""
     columns: list[Any] = []
     varying: list[bool] = []
     for name in plan.names:
@@ -234,9 +237,7 @@ def _insert_prepared(
         else:
             raise ValueError(f"no value for the job column {name!r}")
         varying.append(False)
-    return insert_rows(
-        plan.conn, plan.table, plan.fields, columns, varying, count, batch_size, done
-    )
+    return Rows(columns, varying, count, offset)
 
 
 def insert_many(model: type[Job], using: str, jobs: Sequence[Job], batch_size: int) -> list[Job]:
@@ -250,10 +251,19 @@ def insert_many(model: type[Job], using: str, jobs: Sequence[Job], batch_size: i
     conn = connections[using]
     plan = _plan(model, conn)
     rows = [plan.params(job.__dict__, json_text(job)) for job in jobs]
-    per_row = {
-        name: list(column) for name, column in zip(plan.names, zip(*rows, strict=True), strict=True)
-    }
-    new_ids = _insert_prepared(plan, len(jobs), {}, per_row, batch_size)
+    columns = zip(*rows, strict=True)
+    per_row = {name: list(column) for name, column in zip(plan.names, columns, strict=True)}
+    batches = [
+        _rows(
+            plan,
+            len(rows[start : start + batch_size]),
+            {},
+            {name: column[start : start + batch_size] for name, column in per_row.items()},
+            start,
+        )
+        for start in range(0, len(rows), batch_size)
+    ]
+    new_ids = insert_rows(conn, plan.table, plan.fields, batches)
     if new_ids is not None:
         for job, new_id in zip(jobs, new_ids, strict=True):
             job.id = new_id
