@@ -74,9 +74,11 @@ def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]], batch_size: int = 
     Each item is a :class:`JobSpec` or a dict with the keys of :func:`enqueue`. The
     items are read first, then validated a batch at a time, each batch before its
     INSERT: an invalid item (InvalidJob, or TypeError for a misspelt option, naming the
-    job's index) rolls back the batches before it, so nothing is written. ``unique_key`` is refused: one multi-row INSERT
-    cannot skip the rows whose key is taken (MariaDB's INSERT IGNORE would also swallow
-    every other error), so use :func:`enqueue` for unique jobs.
+    job's index) rolls back the batches before it, so nothing is written.
+
+    ``unique_key`` is refused: one multi-row INSERT cannot skip the rows whose key is
+    taken (MariaDB's INSERT IGNORE would also swallow every other error), so use
+    :func:`enqueue` for unique jobs.
     """
     # The caller's iterable is read before any statement: it may query the database.
     items = jobs if isinstance(jobs, list | tuple) else list(jobs)
