@@ -67,7 +67,7 @@ _SAME_IF_EQUAL = frozenset({str, int, float, bool, type(None), datetime, timedel
 _SHARED_COLUMNS = ("task", "queue", "priority", "max_attempts", "timeout", "retry_backoff")
 
 
-def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]], batch_size: int = 5000) -> list[Job]:
+def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]], batch_size: int = 1000) -> list[Job]:
     """Validate every job and insert them all, ``batch_size`` rows per statement, in
     one transaction (a savepoint inside the caller's); returns the saved jobs, in order.
 
