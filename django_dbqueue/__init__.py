@@ -23,7 +23,7 @@ def enqueue(task: Any, args: Any = None, kwargs: Any = None, **options: Any) -> 
 
 
 def enqueue_many(jobs: Any, /, **options: Any) -> list[Job]:
-    """Add many jobs in one batch; see :func:`django_dbqueue.enqueueing.enqueue_many`."""
-    from django_dbqueue.enqueueing import enqueue_many as _enqueue_many
+    """Add many jobs in one batch; see :func:`django_dbqueue.bulk.enqueue_many`."""
+    from django_dbqueue.bulk import enqueue_many as _enqueue_many
 
     return _enqueue_many(jobs, **options)

@@ -1,13 +1,13 @@
-"""enqueue() and enqueue_many(): validate everything first, then write."""
+"""enqueue(): validate everything first, then write one row (enqueue_many(): bulk.py)."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from functools import partial
+from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, NamedTuple
 
 from django.db import IntegrityError, OperationalError, connections, router, transaction
@@ -23,16 +23,6 @@ from django_dbqueue.queue.insert import JSON_TEXT, insert_one, json_text
 from django_dbqueue.queue.keys import ensure_keys
 from django_dbqueue.registry import path_for_enqueue
 from django_dbqueue.worker import wakeup
-
-
-@dataclass
-class JobSpec:
-    """One job of an :func:`enqueue_many` call."""
-
-    task: Any
-    args: Sequence[Any] = ()
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-    options: dict[str, Any] = field(default_factory=dict)
 
 
 class Defaults(NamedTuple):
@@ -96,6 +86,33 @@ def new_job(values: dict[str, Any]) -> Job:
     return job
 
 
+# json.dumps(value, allow_nan=False) without building an encoder per call (which costs
+# more than encoding a short argument list): the C encoder json.dumps itself uses,
+# made once. Without circular-reference markers: a list that holds itself recurses
+# until RecursionError, which is refused as too deep.
+_json_encoder = json.JSONEncoder(allow_nan=False)
+if c_make_encoder is not None:
+    _c_encode = c_make_encoder(
+        None,
+        _json_encoder.default,
+        encode_basestring_ascii,
+        None,
+        ": ",
+        ", ",
+        False,
+        False,
+        False,
+    )
+
+    def _encode(value: Any) -> str:
+        return "".join(_c_encode(value, 0))
+
+else:  # pragma: no cover - Pythons without the C accelerator
+
+    def _encode(value: Any) -> str:
+        return _json_encoder.encode(value)
+
+
 def _check_json(value: list[Any] | dict[str, Any], what: str) -> tuple[Any, str]:
     """(the value as the job will receive it, its JSON text)."""
     if not value:
@@ -103,7 +120,7 @@ def _check_json(value: list[Any] | dict[str, Any], what: str) -> tuple[Any, str]
     try:
         # Round-trip so what is stored is exactly what the job will receive
         # (tuples become lists) and NaN/Infinity, which JSON lacks, are refused.
-        text = json.dumps(value, allow_nan=False)
+        text = _encode(value)
     except RecursionError:
         raise bounds.too_deep(what) from None
     except (TypeError, ValueError) as exc:
@@ -119,8 +136,8 @@ def _check_json(value: list[Any] | dict[str, Any], what: str) -> tuple[Any, str]
             f"Job {what} contain a NUL character (\\x00), which PostgreSQL cannot store in "
             "JSON; encode binary data (e.g. base64) before enqueueing it."
         )
-    items = value.values() if isinstance(value, dict) else value
-    if all(type(item) in _PLAIN for item in items):
+    items = value.values() if type(value) is dict else value
+    if _PLAIN.issuperset(map(type, items)):
         # Flat plain values: the round trip would give back equal values (NaN and
         # infinities were refused above); ``value`` is the caller's copy already.
         return value, text
@@ -152,6 +169,124 @@ def _run_after(run_after: datetime | timedelta | float | int | None, now: dateti
     raise InvalidJob(f"run_after must be a datetime, timedelta or seconds, not {run_after!r}.")
 
 
+class Shared(NamedTuple):
+    """A job's task and options, validated: the same for every job of an
+    :func:`enqueue_many` call that names the same task with the same options."""
+
+    path: str
+    queue: str
+    priority: int
+    max_attempts: int
+    timeout: float | None
+    retry_backoff: float | None
+    key_template: str | None  # the task's concurrency_key, formatted per job
+    concurrency_limit: Any  # given, else the task's; checked with a job's key
+    backend: str
+
+
+def check_shared(
+    task: Any,
+    defaults: Defaults,
+    *,
+    queue: str | None = None,
+    priority: int | None = None,
+    max_attempts: int | None = None,
+    timeout: float | None = None,
+    retry_backoff: float | None = None,
+    concurrency_limit: int | None = None,
+    backend: str = "",
+    check_task: bool = True,
+) -> Shared:
+    """Validate what does not depend on a job's arguments. Raises InvalidJob.
+
+    Options left at None take the task's ``@job`` defaults, then the ``DBQUEUE`` ones.
+    With ``check_task`` off, ``task`` is a path the caller has checked itself.
+    """
+    if check_task:
+        path, task_defaults = path_for_enqueue(task, defaults.validate_tasks)
+    else:
+        path, task_defaults = str(task), {}
+    if len(path) > TASK_PATH_MAX:
+        raise InvalidJob(f"a task path is at most {TASK_PATH_MAX} characters long.")
+    if task_defaults:
+        queue = task_defaults.get("queue") if queue is None else queue
+        priority = task_defaults.get("priority") if priority is None else priority
+        max_attempts = task_defaults.get("max_attempts") if max_attempts is None else max_attempts
+        timeout = task_defaults.get("timeout") if timeout is None else timeout
+        retry_backoff = (
+            task_defaults.get("retry_backoff") if retry_backoff is None else retry_backoff
+        )
+        if concurrency_limit is None:
+            concurrency_limit = task_defaults.get("concurrency_limit")
+    queue = bounds.check_queue_name(defaults.queue if queue is None else queue)
+    if queue not in defaults.queues:
+        raise InvalidJob(
+            f"Unknown queue {queue!r}. Known queues: {', '.join(sorted(defaults.queues))}. "
+            "Add it to DBQUEUE['QUEUES'] in your settings."
+        )
+    template = task_defaults.get("concurrency_key")
+    return Shared(
+        path,
+        queue,
+        bounds.check_priority(defaults.priority if priority is None else priority),
+        bounds.check_max_attempts(defaults.max_attempts if max_attempts is None else max_attempts),
+        bounds.check_timeout(timeout),
+        bounds.check_retry_backoff(retry_backoff),
+        None if template is None else str(template),
+        concurrency_limit,
+        backend,
+    )
+
+
+class Call(NamedTuple):
+    """A job's arguments and concurrency key, validated (:func:`check_call`)."""
+
+    args: list[Any]
+    args_text: str
+    kwargs: dict[str, Any]
+    kwargs_text: str
+    concurrency_key: str | None
+    concurrency_limit: int | None
+
+
+def check_call(
+    shared: Shared, args: Any, kwargs: Any, concurrency_key: Any, defaults: Defaults
+) -> Call:
+    """Validate one job's arguments (JSON, size) and its concurrency key. Raises InvalidJob."""
+    if args is None:
+        args = []
+    key, limit = _concurrency(shared, concurrency_key, args, kwargs)
+    kind = type(args)
+    job_args: list[Any]
+    if (kind is list or kind is tuple) and not args:
+        job_args, args_text = [], "[]"
+    elif (
+        kind is list
+        or kind is tuple
+        or (isinstance(args, Sequence) and not isinstance(args, str | bytes))
+    ):
+        job_args, args_text = _check_json(list(args), "args")
+    else:
+        raise InvalidJob(f"args must be a list or tuple, not {kind.__name__}.")
+    if not kwargs:
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise InvalidJob("kwargs must be a dict with string keys.")
+        job_kwargs: dict[str, Any] = {}
+        kwargs_text = "{}"
+    else:
+        if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
+            raise InvalidJob("kwargs must be a dict with string keys.")
+        job_kwargs, kwargs_text = _check_json(dict(kwargs), "kwargs")
+    size = len(args_text) + len(kwargs_text)
+    if size > defaults.max_payload_bytes:
+        raise InvalidJob(
+            f"Job args and kwargs take {size} bytes as JSON, more than "
+            f"DBQUEUE['MAX_PAYLOAD_BYTES'] ({defaults.max_payload_bytes}). Store big data "
+            "elsewhere (a model, a file) and pass its id."
+        )
+    return Call(job_args, args_text, job_kwargs, kwargs_text, key, limit)
+
+
 def build_job(
     task: Any,
     args: Sequence[Any] | None = None,
@@ -179,77 +314,56 @@ def build_job(
     """
     now = now or timezone.now()
     defaults = defaults or Defaults.read()
-    if check_task:
-        path, task_defaults = path_for_enqueue(task, defaults.validate_tasks)
-    else:
-        path, task_defaults = str(task), {}
-    if len(path) > TASK_PATH_MAX:
-        raise InvalidJob(f"a task path is at most {TASK_PATH_MAX} characters long.")
-    if task_defaults:
-        queue = task_defaults.get("queue") if queue is None else queue
-        priority = task_defaults.get("priority") if priority is None else priority
-        max_attempts = task_defaults.get("max_attempts") if max_attempts is None else max_attempts
-        timeout = task_defaults.get("timeout") if timeout is None else timeout
-        retry_backoff = (
-            task_defaults.get("retry_backoff") if retry_backoff is None else retry_backoff
-        )
-    if args is None:
-        args = []
-    concurrency_key, concurrency_limit = _concurrency(
-        task_defaults, concurrency_key, concurrency_limit, args, kwargs
-    )
-    if isinstance(args, str | bytes) or not isinstance(args, Sequence):
-        raise InvalidJob(f"args must be a list or tuple, not {type(args).__name__}.")
-    if kwargs is None:
-        kwargs = {}
-    if not isinstance(kwargs, Mapping) or not all(isinstance(k, str) for k in kwargs):
-        raise InvalidJob("kwargs must be a dict with string keys.")
-    queue = bounds.check_queue_name(defaults.queue if queue is None else queue)
-    if queue not in defaults.queues:
-        raise InvalidJob(
-            f"Unknown queue {queue!r}. Known queues: {', '.join(sorted(defaults.queues))}. "
-            "Add it to DBQUEUE['QUEUES'] in your settings."
-        )
-    priority = bounds.check_priority(defaults.priority if priority is None else priority)
-    max_attempts = bounds.check_max_attempts(
-        defaults.max_attempts if max_attempts is None else max_attempts
+    shared = check_shared(
+        task,
+        defaults,
+        queue=queue,
+        priority=priority,
+        max_attempts=max_attempts,
+        timeout=timeout,
+        retry_backoff=retry_backoff,
+        concurrency_limit=concurrency_limit,
+        backend=backend,
+        check_task=check_task,
     )
     if unique_key is not None and (
         not isinstance(unique_key, str) or not 0 < len(unique_key) <= 255
     ):
         raise InvalidJob("unique_key must be a string of 1 to 255 characters.")
-    job_args, args_text = _check_json(list(args), "args")
-    job_kwargs, kwargs_text = _check_json(dict(kwargs), "kwargs")
-    size = len(args_text) + len(kwargs_text)
-    if size > defaults.max_payload_bytes:
-        raise InvalidJob(
-            f"Job args and kwargs take {size} bytes as JSON, more than "
-            f"DBQUEUE['MAX_PAYLOAD_BYTES'] ({defaults.max_payload_bytes}). Store big data "
-            "elsewhere (a model, a file) and pass its id."
-        )
+    call = check_call(shared, args, kwargs, concurrency_key, defaults)
     job = new_job(
         {
-            "task": path,
-            "args": job_args,
-            "kwargs": job_kwargs,
-            "queue": queue,
-            "priority": priority,
+            **shared_attrs(shared, now),
+            "args": call.args,
+            "kwargs": call.kwargs,
             "run_after": _run_after(run_after, now),
-            "max_attempts": max_attempts,
-            "timeout": bounds.check_timeout(timeout),
-            "retry_backoff": bounds.check_retry_backoff(retry_backoff),
             "unique_key": unique_key,
             "origin_unique_key": unique_key,
-            "concurrency_key": concurrency_key,
-            "concurrency_limit": concurrency_limit,
-            "backend": backend,
-            "created_at": now,
+            "concurrency_key": call.concurrency_key,
+            "concurrency_limit": call.concurrency_limit,
             "errors": [],
         }
     )
     # The INSERT binds the text that was checked rather than serializing them again.
-    job.__dict__[JSON_TEXT] = {"args": (job_args, args_text), "kwargs": (job_kwargs, kwargs_text)}
+    job.__dict__[JSON_TEXT] = {
+        "args": (call.args, call.args_text),
+        "kwargs": (call.kwargs, call.kwargs_text),
+    }
     return job
+
+
+def shared_attrs(shared: Shared, now: datetime) -> dict[str, Any]:
+    """The Job attributes that :class:`Shared` decides (and ``created_at``)."""
+    return {
+        "task": shared.path,
+        "queue": shared.queue,
+        "priority": shared.priority,
+        "max_attempts": shared.max_attempts,
+        "timeout": shared.timeout,
+        "retry_backoff": shared.retry_backoff,
+        "backend": shared.backend,
+        "created_at": now,
+    }
 
 
 def format_concurrency_key(template: str, args: Any, kwargs: Any) -> str:
@@ -263,18 +377,13 @@ def format_concurrency_key(template: str, args: Any, kwargs: Any) -> str:
 
 
 def _concurrency(
-    task_defaults: Mapping[str, Any],
-    key: str | None,
-    limit: int | None,
-    args: Any,
-    kwargs: Any,
+    shared: Shared, key: str | None, args: Any, kwargs: Any
 ) -> tuple[str | None, int | None]:
     """(concurrency_key, concurrency_limit): the given ones, else the task's defaults,
     whose key is a format string over the job's arguments."""
-    if key is None and task_defaults.get("concurrency_key") is not None:
-        key = format_concurrency_key(str(task_defaults["concurrency_key"]), args, kwargs)
-    if limit is None:
-        limit = task_defaults.get("concurrency_limit")
+    if key is None and shared.key_template is not None:
+        key = format_concurrency_key(shared.key_template, args, kwargs)
+    limit = shared.concurrency_limit
     if key is None:
         if limit is not None:
             raise InvalidJob("concurrency_limit needs a concurrency_key.")
@@ -372,61 +481,3 @@ def _insert(job: Job, using: str) -> tuple[Job, bool]:
     raise InvalidJob(
         f"Could not enqueue unique job {job.unique_key!r}: the key kept changing hands."
     )
-
-
-def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]], batch_size: int = 1000) -> list[Job]:
-    """Validate every job, then insert them all in batches in one transaction.
-
-    Each item is a :class:`JobSpec` or a dict with the keys of :func:`enqueue`.
-    Nothing is written if any item is invalid. ``unique_key`` is refused: one
-    multi-row INSERT cannot skip the rows whose key is taken (MariaDB's INSERT IGNORE
-    would also swallow every other error), so use :func:`enqueue` for unique jobs.
-    """
-    now = timezone.now()
-    defaults = Defaults.read()
-    built: list[Job] = []
-    for index, item in enumerate(jobs):
-        spec = item if isinstance(item, JobSpec) else _spec_from_mapping(item)
-        if spec.options:
-            try:
-                bounds.unknown_options("enqueue_many()", spec.options)
-            except TypeError as exc:
-                raise TypeError(f"job {index}: {exc}") from None
-        if spec.options.get("unique_key") is not None:
-            raise InvalidJob(
-                "enqueue_many() does not take unique_key: its multi-row INSERT is one "
-                "statement, so one taken key would fail the whole batch; use enqueue() "
-                "for unique jobs."
-            )
-        try:
-            built.append(
-                build_job(
-                    spec.task,
-                    spec.args,
-                    spec.kwargs,
-                    now=now,
-                    defaults=defaults,
-                    **spec.options,
-                )
-            )
-        except InvalidJob as exc:
-            raise InvalidJob(f"job {index}: {exc}") from None
-    if not built:
-        return []
-    using = router.db_for_write(Job)
-    with transaction.atomic(using=using):
-        keys = [job.concurrency_key for job in built if job.concurrency_key is not None]
-        if keys:
-            ensure_keys(using, keys)
-        created = Job.objects.db_manager(using).insert_many(built, batch_size=batch_size)
-    transaction.on_commit(partial(_committed, created, using), using=using)
-    return created
-
-
-def _spec_from_mapping(item: Mapping[str, Any]) -> JobSpec:
-    options = dict(item)
-    try:
-        task = options.pop("task")
-    except KeyError:
-        raise InvalidJob("every job needs a 'task'.") from None
-    return JobSpec(task, options.pop("args", ()) or (), options.pop("kwargs", {}) or {}, options)

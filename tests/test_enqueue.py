@@ -11,7 +11,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from django_dbqueue import bounds, conf, enqueue, enqueue_many
-from django_dbqueue.enqueueing import JobSpec
+from django_dbqueue.bulk import JobSpec
 from django_dbqueue.exceptions import InvalidJob, TaskNotFound
 from django_dbqueue.models import Job
 from testproject.models import Execution

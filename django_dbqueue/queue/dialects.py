@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
@@ -214,14 +215,20 @@ def insert_rows(
     conn: BaseDatabaseWrapper,
     table: str,
     fields: Sequence[Field[Any, Any]],
-    rows: list[list[Any]],
-    batch_size: int,
+    batches: Iterable[Rows],
+    done: Done | None = None,
 ) -> list[int] | None:
-    """INSERT ``rows`` (values prepared for ``fields``, JSON as text); return the new ids
-    in order, or None where the database cannot say (MySQL).
+    """INSERT each of ``batches`` in one statement (more where a database limit says
+    so); returns the new ids in order, or None where the database cannot say (MySQL).
+
+    ``done(start, stop, ids)`` is called for each statement's rows once it has run. On
+    MariaDB each statement is sent before the batch after it is taken from ``batches``
+    and before ``done`` is called for the statement before it: the caller's work (making
+    the next batch, building the jobs of the last) and the database's overlap. Nothing
+    else may use the connection meanwhile.
 
     Values go through the driver as parameters, never into the SQL text. A column whose
-    value is the same in every row of a statement is bound once:
+    value is the same in every row is bound once per statement:
 
     - PostgreSQL: ``INSERT ... SELECT ... FROM unnest(%s, %s, ...)``, one array per
       column that varies (server-side binding: the arrays are not rendered into the SQL).
@@ -231,34 +238,80 @@ def insert_rows(
     - SQLite and MySQL: multi-row ``VALUES``, with ``RETURNING`` where it exists.
     """
     qn = conn.ops.quote_name
-    columns = [qn(f.attname) for f in fields]
-    new_ids: list[int] = []
-    if conn.vendor == "postgresql":
-        for start in range(0, len(rows), batch_size):
-            new_ids += _insert_unnest(
-                conn, table, fields, columns, rows[start : start + batch_size]
-            )
-        return new_ids
+    names = [qn(f.attname) for f in fields]
+    done = done or _nothing
     if has_json_table(conn):
-        for start in range(0, len(rows), batch_size):
-            new_ids += _insert_json_table(
-                conn, table, fields, columns, rows[start : start + batch_size]
-            )
-        return new_ids
-    placeholder = f"({placeholders(len(columns))})"
+        return _insert_json_tables(conn, table, fields, names, batches, done)
+    if conn.vendor != "postgresql":
+        return _insert_values(conn, table, names, batches, done)
+    new_ids: list[int] = []
+    for rows in batches:
+        ids = _insert_unnest(conn, table, fields, names, rows)
+        done(rows.offset, rows.offset + rows.count, ids)
+        new_ids += ids
+    return new_ids
+
+
+# done(start, stop, ids) of insert_rows
+Done = Callable[[int, int, "list[int] | None"], None]
+
+
+def _nothing(start: int, stop: int, ids: list[int] | None) -> None:
+    pass
+
+
+class Rows:
+    """Rows to insert: ``columns`` hold each field's values prepared for the database
+    (JSON as text), a list of ``count`` values where ``varying`` says so, else the one
+    value of every row. ``offset``: the number of the first row, for ``done``."""
+
+    def __init__(
+        self, columns: Sequence[Any], varying: Sequence[bool], count: int, offset: int = 0
+    ) -> None:
+        self.columns, self.varying, self.count, self.offset = columns, varying, count, offset
+
+    def part(self, start: int, stop: int) -> Rows:
+        """The rows ``start:stop`` of these."""
+        pairs = zip(self.columns, self.varying, strict=True)
+        columns = [column[start:stop] if varies else column for column, varies in pairs]
+        return Rows(columns, self.varying, stop - start, self.offset + start)
+
+    def varying_values(self) -> list[Any]:
+        """The values of the varying columns, one list per column."""
+        return [c for c, v in zip(self.columns, self.varying, strict=True) if v]
+
+
+def _insert_values(
+    conn: BaseDatabaseWrapper,
+    table: str,
+    names: list[str],
+    batches: Iterable[Rows],
+    done: Done,
+) -> list[int] | None:
+    # SQLite binds at most 32,766 parameters per statement.
+    most = max(1, 30_000 // len(names))
+    placeholder = f"({placeholders(len(names))})"
     returning = bool(conn.features.can_return_rows_from_bulk_insert)
+    new_ids: list[int] = []
     with conn.cursor() as cursor:
-        for start in range(0, len(rows), batch_size):
-            chunk = rows[start : start + batch_size]
-            sql = (
-                f"INSERT INTO {table} ({', '.join(columns)}) VALUES "  # noqa: S608
-                f"{', '.join([placeholder] * len(chunk))}"
-            )
-            if returning:
-                sql += f" RETURNING {qn('id')}"
-            cursor.execute(sql, [value for row in chunk for value in row])
-            if returning:
-                new_ids += [row[0] for row in cursor.fetchall()]
+        for batch in batches:
+            for start in range(0, batch.count, most):
+                rows = batch.part(start, min(start + most, batch.count))
+                sources = [
+                    c if v else repeat(c, rows.count)
+                    for c, v in zip(rows.columns, rows.varying, strict=True)
+                ]
+                sql = (
+                    f"INSERT INTO {table} ({', '.join(names)}) VALUES "  # noqa: S608
+                    f"{', '.join([placeholder] * rows.count)}"
+                )
+                if returning:
+                    sql += f" RETURNING {conn.ops.quote_name('id')}"
+                params = [value for row in zip(*sources, strict=False) for value in row]
+                cursor.execute(sql, params)
+                ids = [row[0] for row in cursor.fetchall()] if returning else None
+                done(rows.offset, rows.offset + rows.count, ids)
+                new_ids += ids or []
     return new_ids if returning else None
 
 
@@ -274,53 +327,44 @@ def has_json_table(conn: BaseDatabaseWrapper) -> bool:
     )
 
 
-def _varying(rows: list[list[Any]]) -> list[bool]:
-    """Per column: do the rows hold different values?"""
-    first = rows[0]
-    varying = [False] * len(first)
-    for row in rows:
-        for index, value in enumerate(row):
-            if not varying[index] and value != first[index]:
-                varying[index] = True
-    return varying
-
-
 def _insert_unnest(
     conn: BaseDatabaseWrapper,
     table: str,
     fields: Sequence[Field[Any, Any]],
-    columns: list[str],
-    rows: list[list[Any]],
+    names: list[str],
+    chunk: Rows,
 ) -> list[int]:
     import psycopg
     from django.db.models import JSONField
 
-    varying = _varying(rows)
     select: list[str] = []
     arrays: list[str] = []
     params: list[Any] = []
-    array_params: list[Any] = []
-    for index, field in enumerate(fields):
+    array_names: list[str] = []
+    for index, (field, column, varies) in enumerate(
+        zip(fields, chunk.columns, chunk.varying, strict=True)
+    ):
         is_json = isinstance(field, JSONField)
         db_type = "text" if is_json else field.db_type(conn)
         cast = "::jsonb" if is_json else ""
-        if varying[index]:
-            name = f"c{index}"
+        if varies:
             arrays.append(f"%s::{db_type}[]")
-            array_params.append([row[index] for row in rows])
-            select.append(f"u.{name}{cast}")
+            array_names.append(f"c{index}")
+            select.append(f"u.c{index}{cast}")
         else:
             select.append(f"%s::{db_type}{cast}")
-            params.append(rows[0][index])
+            params.append(column)
     if arrays:
-        names = ", ".join(f"c{i}" for i, v in enumerate(varying) if v)
-        source = f"unnest({', '.join(arrays)}) WITH ORDINALITY AS u({names}, n) ORDER BY u.n"
-        params += array_params
+        source = (
+            f"unnest({', '.join(arrays)}) WITH ORDINALITY AS u({', '.join(array_names)}, n) "
+            "ORDER BY u.n"
+        )
+        params += chunk.varying_values()
     else:
         source = "generate_series(1, %s) AS u(n) ORDER BY u.n"
-        params.append(len(rows))
+        params.append(chunk.count)
     sql = (
-        f"INSERT INTO {table} ({', '.join(columns)}) "  # noqa: S608
+        f"INSERT INTO {table} ({', '.join(names)}) "  # noqa: S608
         f"SELECT {', '.join(select)} FROM {source} RETURNING {conn.ops.quote_name('id')}"
     )
     conn.ensure_connection()
@@ -334,49 +378,98 @@ def _insert_unnest(
 _JSON_TABLE_TYPES = {"JSONField": "LONGTEXT", "TextField": "LONGTEXT"}
 
 
-def _insert_json_table(
+def _json_table_statements(
     conn: BaseDatabaseWrapper,
     table: str,
     fields: Sequence[Field[Any, Any]],
-    columns: list[str],
-    rows: list[list[Any]],
-) -> list[int]:
-    varying = _varying(rows)
-    document = json.dumps([[row[i] for i, v in enumerate(varying) if v] for row in rows])
-    limit = _max_packet(conn) // 2
-    if len(document) > limit and len(rows) > 1:
-        half = len(rows) // 2
-        return _insert_json_table(conn, table, fields, columns, rows[:half]) + (
-            _insert_json_table(conn, table, fields, columns, rows[half:])
+    names: list[str],
+    chunk: Rows,
+) -> list[tuple[Rows, str, list[Any]]]:
+    """(rows, INSERT, its parameters) for ``chunk``: one statement, or more where its
+    JSON document would pass half of ``max_allowed_packet``."""
+    values = chunk.varying_values()
+    if values:
+        document = json.dumps(list(zip(*values, strict=True)))
+    else:
+        document = "[" + ",".join(["0"] * chunk.count) + "]"
+    if len(document) > _max_packet(conn) // 2 and chunk.count > 1:
+        middle = chunk.count // 2
+        first, second = chunk.part(0, middle), chunk.part(middle, chunk.count)
+        return _json_table_statements(conn, table, fields, names, first) + (
+            _json_table_statements(conn, table, fields, names, second)
         )
     select: list[str] = []
     params: list[Any] = []
     json_columns: list[str] = []
-    for index, field in enumerate(fields):
-        if varying[index]:
+    for index, (field, column, varies) in enumerate(
+        zip(fields, chunk.columns, chunk.varying, strict=True)
+    ):
+        if varies:
             kind = _JSON_TABLE_TYPES.get(field.get_internal_type()) or field.db_type(conn)
             path = f"$[{len(json_columns)}]"
             json_columns.append(f"c{index} {kind} PATH '{path}' ERROR ON ERROR")
             select.append(f"jt.c{index}")
         else:
             select.append("%s")
-            params.append(rows[0][index])
-    if json_columns:
-        source = f"JSON_TABLE(%s, '$[*]' COLUMNS ({', '.join(json_columns)})) AS jt"
-        params.append(document)
-    else:
-        source = "JSON_TABLE(%s, '$[*]' COLUMNS (n FOR ORDINALITY)) AS jt"
-        params.append(json.dumps([0] * len(rows)))
+            params.append(column)
+    if not json_columns:
+        json_columns.append("n FOR ORDINALITY")
+    source = f"JSON_TABLE(%s, '$[*]' COLUMNS ({', '.join(json_columns)})) AS jt"
+    params.append(document)
     sql = (
-        f"INSERT INTO {table} ({', '.join(columns)}) "  # noqa: S608
+        f"INSERT INTO {table} ({', '.join(names)}) "  # noqa: S608
         f"SELECT {', '.join(select)} FROM {source} RETURNING {conn.ops.quote_name('id')}"
     )
-    with conn.cursor() as cursor:
-        cursor.execute(sql, params)
-        new_ids = [row[0] for row in cursor.fetchall()]
-    if len(new_ids) != len(rows):
-        raise RuntimeError(f"inserted {len(new_ids)} jobs of {len(rows)}")
+    return [(chunk, sql, params)]
+
+
+def _insert_json_tables(
+    conn: BaseDatabaseWrapper,
+    table: str,
+    fields: Sequence[Field[Any, Any]],
+    names: list[str],
+    batches: Iterable[Rows],
+    done: Done,
+) -> list[int]:
+    """The JSON_TABLE INSERTs, pipelined (see :func:`insert_rows`): mysqlclient's
+    ``send_query`` returns at once and ``read_query_result`` waits. A statement sent is
+    always read before the next is sent or an error is raised (the caller's included):
+    the connection is never left in the middle of a statement."""
+    conn.ensure_connection()
+    raw: Any = conn.connection
+    new_ids: list[int] = []
+    finished: tuple[Rows, list[int]] | None = None
+    waiting = iter(batches)
+    batch = next(waiting, None)
+    with raw.cursor() as cursor:  # mysqlclient's own, to bind the parameters
+        while batch is not None:
+            statements = _json_table_statements(conn, table, fields, names, batch)
+            for number, (rows, sql, params) in enumerate(statements, 1):
+                query = cursor.mogrify(sql, params).encode(raw.encoding)
+                with conn.wrap_database_errors:
+                    raw.send_query(query)
+                try:  # while the database runs it
+                    if finished is not None:
+                        _report(done, *finished)
+                        finished = None
+                    if number == len(statements):
+                        batch = next(waiting, None)
+                finally:
+                    with conn.wrap_database_errors:
+                        raw.read_query_result()
+                        result = raw.store_result()
+                ids = [row[0] for row in result.fetch_row(0)]
+                if len(ids) != rows.count:
+                    raise RuntimeError(f"inserted {len(ids)} jobs of {rows.count}")
+                finished = (rows, ids)
+                new_ids += ids
+    if finished is not None:
+        _report(done, *finished)
     return new_ids
+
+
+def _report(done: Done, rows: Rows, ids: list[int]) -> None:
+    done(rows.offset, rows.offset + rows.count, ids)
 
 
 def _max_packet(conn: BaseDatabaseWrapper) -> int:

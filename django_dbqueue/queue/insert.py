@@ -9,14 +9,14 @@ the nullable columns it leaves NULL not named at all).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import JSONField
 
-from django_dbqueue.queue.dialects import insert_one_sql, insert_rows
+from django_dbqueue.queue.dialects import Done, Rows, insert_one_sql, insert_rows
 
 if TYPE_CHECKING:
     from django_dbqueue.models import Job
@@ -41,11 +41,13 @@ class OneRowInsert:
         self.datetimes = frozenset(
             f.attname for f in self.fields if f.get_internal_type() == "DateTimeField"
         )
-        # Defaults that are not callables (timezone.now, list, dict) are the same each time.
+        self.converted = self.json | self.datetimes
+        # Defaults that are not callables (timezone.now, list, dict) are the same each
+        # time; a nullable column without a default is NULL.
         self.constants = {
             f.attname: f.get_db_prep_save(f.get_default(), conn)
             for f in self.fields
-            if not callable(f.default)
+            if (f.has_default() and not callable(f.default)) or (f.null and not f.has_default())
         }
         # Nullable columns whose default is NULL, as the table's own default is (Django
         # sets none): a one-row INSERT names them only when the job sets them. A new job
@@ -96,32 +98,37 @@ class OneRowInsert:
         column name (JSON columns by their text in ``json_text`` where given), every
         other column its default."""
         params: list[Any] = []
-        adapt_datetime = self.conn.ops.adapt_datetimefield_value
-        adapted = self.adapted  # run_after and created_at: one "now" for many jobs
         for name in self.names if names is None else names:
             if name in json_text:
                 params.append(json_text[name])
             elif name in values:
                 value = values[name]
-                if name in self.json:
-                    if value is None:
-                        params.append(None)
-                    elif not value and type(value) in (list, dict):
-                        params.append("[]" if type(value) is list else "{}")
-                    else:
-                        params.append(json.dumps(value))
-                elif value is not None and name in self.datetimes:
-                    if adapted[0] is not value:
-                        adapted = (value, adapt_datetime(value))
-                    params.append(adapted[1])
-                    self.adapted = adapted
-                else:
-                    params.append(value)
+                # Most columns go as they are: no call for them (enqueue's hot path).
+                params.append(self.prepare(name, value) if name in self.converted else value)
             elif name in self.constants:
                 params.append(self.constants[name])
             else:
                 raise ValueError(f"no value for the job column {name!r}")
         return params
+
+    def prepare(self, name: str, value: Any) -> Any:
+        """A column's value as the driver takes it: JSON as text, datetimes adapted."""
+        if name in self.json:
+            if value is None:
+                return None
+            if not value and type(value) in (list, dict):
+                return "[]" if type(value) is list else "{}"
+            return json.dumps(value)
+        if value is not None and name in self.datetimes:
+            return self.adapt_datetime(value)
+        return value
+
+    def adapt_datetime(self, value: Any) -> Any:
+        # run_after and created_at: one "now" for many jobs, adapted once.
+        adapted = self.adapted
+        if adapted[0] is not value:
+            adapted = self.adapted = (value, self.conn.ops.adapt_datetimefield_value(value))
+        return adapted[1]
 
 
 def _plan(model: type[Job], conn: BaseDatabaseWrapper) -> OneRowInsert:
@@ -172,21 +179,91 @@ def json_text(job: Job) -> dict[str, str]:
     return {name: text for name, (value, text) in made.items() if attrs.get(name) is value}
 
 
-def insert_many(model: type[Job], using: str, jobs: Sequence[Job], batch_size: int) -> list[Job]:
-    """INSERT jobs in multi-row statements; sets their ids where the database says them.
+def insert_columns(
+    model: type[Job],
+    using: str,
+    batches: Iterable[tuple[int, Mapping[str, Any], Mapping[str, list[Any]]]],
+    done: Done | None = None,
+) -> list[int] | None:
+    """INSERT job rows, one multi-row statement per batch of ``(count, values,
+    per_row)``; the new ids, in order, where the database says them (MariaDB,
+    PostgreSQL and SQLite; not MySQL: None).
 
-    What ``bulk_create`` does, minus its per-value overhead: each job's values are
-    bound as enqueue prepared them (its JSON text included), and a column whose value
-    is the same in every row of a statement is bound once (:func:`.dialects.insert_rows`).
-    MariaDB, PostgreSQL and SQLite return the new ids; MySQL does not, and there the
-    jobs keep ``id = None``, as with ``bulk_create``.
+    ``values``: a column's value in every row of the batch; ``per_row``: a column's
+    ``count`` values. Both as a Job's attributes hold them, except that a JSON column of
+    ``per_row`` is given as its JSON text. Every other column takes its default.
+    ``done(start, stop, ids)`` and when ``batches`` is read: :func:`.dialects.insert_rows`.
+    """
+    conn = connections[using]
+    plan = _plan(model, conn)
+
+    def prepared() -> Iterator[Rows]:
+        offset = 0
+        for count, values, per_row in batches:
+            ready = {name: plan.prepare(name, value) for name, value in values.items()}
+            rows = dict(per_row)
+            for name in plan.datetimes.intersection(rows):
+                rows[name] = [None if v is None else plan.adapt_datetime(v) for v in rows[name]]
+            yield _rows(plan, count, ready, rows, offset)
+            offset += count
+
+    return insert_rows(conn, plan.table, plan.fields, prepared(), done)
+
+
+def _rows(
+    plan: OneRowInsert,
+    count: int,
+    values: Mapping[str, Any],
+    per_row: Mapping[str, list[Any]],
+    offset: int,
+) -> Rows:
+    """The prepared values of ``count`` rows as :class:`.dialects.Rows`; a column whose
+    values are all equal is bound once per statement."""
+    columns: list[Any] = []
+    varying: list[bool] = []
+    for name in plan.names:
+        column = per_row.get(name)
+        if column is not None:
+            if len(column) != count:
+                raise ValueError(f"{len(column)} values for the job column {name!r}, not {count}")
+            varies = column.count(column[0]) != count
+            columns.append(column if varies else column[0])
+            varying.append(varies)
+            continue
+        if name in values:
+            columns.append(values[name])
+        elif name in plan.constants:
+            columns.append(plan.constants[name])
+        else:
+            raise ValueError(f"no value for the job column {name!r}")
+        varying.append(False)
+    return Rows(columns, varying, count, offset)
+
+
+def insert_many(model: type[Job], using: str, jobs: Sequence[Job], batch_size: int) -> list[Job]:
+    """INSERT jobs (unsaved Job objects) in multi-row statements; sets their ids where
+    the database says them. What ``bulk_create`` does, minus its per-value overhead (see
+    :func:`insert_columns`): MySQL does not return the new ids, and there the jobs keep
+    ``id = None``, as with ``bulk_create``.
     """
     if not jobs:
         return []
     conn = connections[using]
     plan = _plan(model, conn)
     rows = [plan.params(job.__dict__, json_text(job)) for job in jobs]
-    new_ids = insert_rows(conn, plan.table, plan.fields, rows, batch_size)
+    columns = zip(*rows, strict=True)
+    per_row = {name: list(column) for name, column in zip(plan.names, columns, strict=True)}
+    batches = [
+        _rows(
+            plan,
+            len(rows[start : start + batch_size]),
+            {},
+            {name: column[start : start + batch_size] for name, column in per_row.items()},
+            start,
+        )
+        for start in range(0, len(rows), batch_size)
+    ]
+    new_ids = insert_rows(conn, plan.table, plan.fields, batches)
     if new_ids is not None:
         for job, new_id in zip(jobs, new_ids, strict=True):
             job.id = new_id

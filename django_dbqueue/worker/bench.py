@@ -15,10 +15,12 @@ from typing import Any
 
 from django.conf import settings as django_settings
 from django.db import connections, router, transaction
+from django.db.models import F
 from django.utils import timezone
 
+from django_dbqueue.bulk import enqueue_many
 from django_dbqueue.conf import settings
-from django_dbqueue.enqueueing import enqueue, enqueue_many, new_job
+from django_dbqueue.enqueueing import enqueue, new_job
 from django_dbqueue.models import Job
 from django_dbqueue.registry import job
 from django_dbqueue.worker.loop import Worker
@@ -93,6 +95,38 @@ def bench_enqueue_single_atomic(count: int) -> float:
         with transaction.atomic(using=using):
             enqueue(noop)
     return _rate(count, time.perf_counter() - started)
+
+
+def bench_enqueue_in_transaction(count: int, rounds: int = 10) -> tuple[float, float]:
+    """enqueue()'s own cost in the caller's transaction: what a view under
+    ATOMIC_REQUESTS pays to enqueue besides the write it makes anyway.
+
+    The same transactions (``atomic()`` around one UPDATE of the caller's, standing for
+    saving an order) are timed with and without an enqueue, alternating in ``rounds``;
+    the difference is the enqueue's. Returns (enqueues/s of that difference, the caller's
+    transactions/s without it): ``atomic()``'s own round trips (``SET autocommit`` on
+    MySQL/MariaDB), BEGIN and COMMIT are the caller's, not the enqueue's.
+    """
+    using = router.db_for_write(Job)
+    # The caller's row: a finished job that no worker claims.
+    mine = Job.objects.db_manager(using).create(task="bench.caller", status=Job.Status.CANCELLED)
+    caller_write = Job.objects.db_manager(using).filter(pk=mine.pk)
+    per_round = max(1, count // rounds)
+    without = with_enqueue = 0.0
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for _ in range(per_round):
+            with transaction.atomic(using=using):
+                caller_write.update(attempts=F("attempts") + 1)
+        middle = time.perf_counter()
+        for _ in range(per_round):
+            with transaction.atomic(using=using):
+                caller_write.update(attempts=F("attempts") + 1)
+                enqueue(noop)
+        without += middle - started
+        with_enqueue += time.perf_counter() - middle
+    total = per_round * rounds
+    return _rate(total, with_enqueue - without), _rate(total, without)
 
 
 def bench_enqueue_bulk(count: int) -> float:

@@ -12,7 +12,7 @@ import pytest
 from django.db import transaction
 from django.test import override_settings
 
-from django_dbqueue import enqueue
+from django_dbqueue import enqueue, enqueue_many
 from django_dbqueue.models import Job
 from django_dbqueue.models import WorkerProcess as WorkerRow
 from django_dbqueue.worker import wakeup
@@ -49,6 +49,26 @@ def test_listener_hears_committed_jobs_of_its_queues_only() -> None:
             assert listener.wait(2.0)
             enqueue(jobs.noop, run_after=3600)
             assert not listener.wait(0.3), "a job for later wakes nobody now"
+        finally:
+            listener.close()
+
+
+def test_enqueue_many_wakes_the_queues_of_its_due_jobs_on_commit() -> None:
+    with settings_with():
+        listener = wakeup.listen(["emails"])
+        assert listener is not None
+        try:
+            enqueue_many([{"task": jobs.noop}] * 3)
+            assert not listener.wait(0.3), "another queue's jobs do not wake us"
+            enqueue_many([{"task": jobs.noop, "queue": "emails", "run_after": 3600}] * 3)
+            assert not listener.wait(0.3), "jobs for later wake nobody now"
+            with transaction.atomic():
+                enqueue_many([{"task": jobs.noop}, {"task": jobs.noop, "queue": "emails"}])
+                assert not listener.wait(0.3), "nothing is sent before COMMIT"
+            assert listener.wait(2.0)
+            later = {"task": jobs.noop, "queue": "emails", "run_after": 3600}
+            enqueue_many([later, {"task": jobs.noop, "queue": "emails", "run_after": 0}])
+            assert listener.wait(2.0), "one due job among jobs for later wakes us"
         finally:
             listener.close()
 

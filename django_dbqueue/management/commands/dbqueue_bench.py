@@ -160,6 +160,14 @@ class Command(BaseCommand):
             )
             say(f"  ... each in atomic():  {fig['enqueue_single_atomic_per_s']:,.0f} jobs/s")
             bench.clear_jobs()
+            own, caller = bench.bench_enqueue_in_transaction(options["single"])
+            fig["enqueue_in_transaction_per_s"] = own
+            fig["caller_transaction_per_s"] = caller
+            say(
+                f"  ... in a caller's writing transaction: {own:,.0f} jobs/s of the enqueue's "
+                f"own time (the transaction alone: {caller:,.0f} /s)"
+            )
+            bench.clear_jobs()
             fig["enqueue_bulk_per_s"] = bench.bench_enqueue_bulk(options["bulk"])
             say(f"  enqueue_many:          {fig['enqueue_bulk_per_s']:,.0f} jobs/s")
             bench.clear_jobs()
