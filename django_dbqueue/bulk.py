@@ -58,8 +58,6 @@ _OPTIONS = frozenset(bounds.ENQUEUE_OPTIONS)
 _PER_JOB = frozenset({"run_after", "concurrency_key"})
 # Options checked once for the jobs that share them (unique_key is refused).
 _SHARED = _OPTIONS - _PER_JOB - {"unique_key"}
-# Options checked once for the jobs that share them (unique_key is refused).
-_SHARED = frozenset(bounds.ENQUEUE_OPTIONS) - _PER_JOB - {"unique_key"}
 # Option values whose equality means the same validation (exact types: a subclass may
 # define its own equality, and True == 1 is a bool where an integer is wanted).
 _SAME_IF_EQUAL = frozenset({str, int, float, bool, type(None), datetime, timedelta})
