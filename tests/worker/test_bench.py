@@ -48,7 +48,35 @@ def test_bench_reports_every_figure_as_json() -> None:
         assert 10 < report[key] < 10_000_000, (key, report[key])
     assert 0 < report["latency_p50_ms"] <= report["latency_p90_ms"] <= report["latency_p99_ms"]
     assert report["latency_p99_ms"] < 5_000
+    # Beside them, on a server, the same statements sent by the driver alone.
+    shares = ("enqueue_single", "enqueue_bulk", "drain")
+    if connection.vendor == "sqlite":
+        assert not [key for key in report if "raw" in key]
+    else:
+        for name in shares:
+            raw = report[f"raw_{name}_per_s"]
+            assert 10 < raw < 10_000_000, (name, raw)
+            share = report[f"{name}_of_raw_pct"]
+            assert share == pytest.approx(100 * report[f"{name}_per_s"] / raw, rel=1e-3)
     assert Job.objects.count() == 0, "the benchmark cleans up after itself"
+
+
+@pytest.mark.only_vendor("mysql", "postgresql")
+def test_raw_loops_do_the_queues_work_with_the_driver_alone() -> None:
+    from django_dbqueue.worker import baseline
+
+    assert baseline.raw_enqueue_single(20) > 0
+    inserted = list(Job.objects.values_list("task", "status", "queue", "args", "kwargs"))
+    # The replayed INSERT is enqueue()'s own: the same row as a real no-op enqueue.
+    assert inserted == [("django_dbqueue.worker.bench.noop", "queued", "default", [], {})] * 20
+    Job.objects.all().delete()
+    assert baseline.raw_enqueue_bulk(2500) > 0
+    assert Job.objects.filter(status=Job.Status.QUEUED).count() == 2500
+    Job.objects.all().delete()
+    assert baseline.raw_drain(3000, 2, 100, "default") > 0
+    owners = set(Job.objects.values_list("owner", flat=True))
+    assert Job.objects.filter(status=Job.Status.DONE, attempts=1).count() == 3000
+    assert len(owners) == 2 and all(o.startswith(baseline.RAW_OWNER) for o in owners), owners
 
 
 def test_bench_prints_a_table() -> None:

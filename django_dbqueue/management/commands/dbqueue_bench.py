@@ -8,13 +8,20 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import router
 
+from django_dbqueue.conf import settings
 from django_dbqueue.management.commands.run_jobs import positive_int
 from django_dbqueue.models import Job
-from django_dbqueue.worker import bench
+from django_dbqueue.worker import baseline, bench
 
-PARTS = ("enqueue", "drain", "latency", "history", "duties")
+PARTS = ("enqueue", "drain", "raw", "latency", "history", "duties")
 # What runs without --only: the duties comparison drains several times over and is asked for.
-DEFAULT_PARTS = ("enqueue", "drain", "latency", "history")
+DEFAULT_PARTS = ("enqueue", "drain", "raw", "latency", "history")
+# (figure, its yardstick in the raw part): the share is reported when both were measured.
+OF_RAW = (
+    ("enqueue_single_per_s", "raw_enqueue_single_per_s"),
+    ("enqueue_bulk_per_s", "raw_enqueue_bulk_per_s"),
+    ("drain_per_s", "raw_drain_per_s"),
+)
 
 
 class Command(BaseCommand):
@@ -205,6 +212,8 @@ class Command(BaseCommand):
                 fig["drain_of_ideal_pct"] = 100 * fig["drain_per_s"] / ideal
                 say(f"  of {ideal:,.0f} jobs/s ideal:  {fig['drain_of_ideal_pct']:.0f}%")
             bench.clear_jobs()
+        if "raw" in parts:
+            self._raw(options, results, say)
         if "latency" in parts:
             lat = bench.bench_latency(options["samples"])
             fig.update({f"latency_{k}_ms": v for k, v in lat.items()})
@@ -249,6 +258,9 @@ class Command(BaseCommand):
                 f"  duties cost the drain {fig['duties_cost_pct']:.1f}% (medians; "
                 f"{fig['duties_pruned_per_round']:,.0f} rows pruned per busy drain)"
             )
+        for figure, raw in OF_RAW:
+            if figure in fig and raw in fig:
+                fig[figure.replace("_per_s", "_of_raw_pct")] = 100 * fig[figure] / fig[raw]
         if quiet:
             self.stdout.write(
                 json.dumps(
@@ -262,6 +274,37 @@ class Command(BaseCommand):
             )
         else:
             self._table(results)
+
+    def _raw(self, options: dict[str, Any], results: bench.Results, say: Any) -> None:
+        """The yardstick: the same statements sent by the driver alone (worker/baseline.py)."""
+        if results.vendor == "sqlite":
+            say("  raw driver loops: server databases only")
+            return
+        fig = results.figures
+        fig["raw_enqueue_single_per_s"] = baseline.raw_enqueue_single(options["single"])
+        bench.clear_jobs()
+        fig["raw_enqueue_bulk_per_s"] = baseline.raw_enqueue_bulk(options["bulk"])
+        bench.clear_jobs()
+        if options["job_ms"] or options["keys"] or options["threads"] > 1:
+            say("  raw drain: no-op jobs without keys or threads only")
+        else:
+            batch = options["batch_size"] or int(settings.BATCH_SIZE)
+            fig["raw_drain_per_s"] = baseline.raw_drain(
+                options["jobs"], options["workers"], batch, str(settings.DEFAULT_QUEUE)
+            )
+            bench.clear_jobs()
+        say(
+            "  the same statements, driver only: "
+            + ", ".join(
+                f"{name} {fig[key]:,.0f} /s"
+                for name, key in (
+                    ("one at a time", "raw_enqueue_single_per_s"),
+                    ("bulk", "raw_enqueue_bulk_per_s"),
+                    ("drain", "raw_drain_per_s"),
+                )
+                if key in fig
+            )
+        )
 
     def _table(self, results: bench.Results) -> None:
         self.stdout.write("")

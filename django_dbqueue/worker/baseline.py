@@ -1,0 +1,247 @@
+"""What the database does with the queue's own statements and no Django: the yardstick
+``dbqueue_bench`` puts beside its figures (``--only raw``).
+
+Each loop sends through the database driver's own connection what the queue sends for
+the same work, built once before the clock starts: no ORM, no validation, no Job
+objects, no wake-up, no heartbeats. The enqueues replay the INSERT that ``enqueue()``
+sent for a no-op job; the drain runs the claim of queue/claim.py statement for
+statement and records each batch DONE with a plain ``UPDATE ... WHERE id IN`` (the
+queue's finish also keeps each job's start time). A figure of the queue as a share of
+these is its overhead on this machine and server, whatever their speed. Server
+databases only.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+from typing import Any
+
+from django.db import connections, router
+from django.utils import timezone
+
+from django_dbqueue.bulk import enqueue_many
+from django_dbqueue.enqueueing import enqueue
+from django_dbqueue.models import Job
+from django_dbqueue.queue.claim import _row_reader
+from django_dbqueue.queue.dialects import by_id_only, ids_in, placeholders
+from django_dbqueue.status import CLAIMED, DONE, QUEUED
+from django_dbqueue.worker.bench import noop, wait_for_purge
+
+BULK_ROWS = 1000  # rows per INSERT, as enqueue_many's default batch
+RAW_OWNER = "dbqueue-bench-raw"
+
+
+def _driver_connection(using: str) -> Any:
+    """A new connection of the driver itself, with the settings Django would use, in
+    autocommit (transactions begun and committed by statements, as the queue does)."""
+    wrapper = connections[using]
+    raw = wrapper.get_new_connection(wrapper.get_connection_params())
+    if wrapper.vendor == "mysql":
+        raw.autocommit(True)
+    else:
+        raw.autocommit = True
+    return raw
+
+
+def _recorded_insert(using: str) -> tuple[str, list[Any]]:
+    """The INSERT (and its parameters) that ``enqueue()`` of a no-op job sends: one
+    enqueue is run and its statement recorded."""
+    seen: list[tuple[str, list[Any]]] = []
+
+    def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if sql.startswith("INSERT"):
+            seen.append((sql, list(params)))
+        return execute(sql, params, many, context)
+
+    with connections[using].execute_wrapper(record):
+        enqueue(noop)
+    Job.objects.using(using).all().delete()
+    if len(seen) != 1:
+        raise RuntimeError(f"enqueue() sent {len(seen)} INSERTs, not one")
+    return seen[0]
+
+
+def _statement(raw: Any, vendor: str, sql: str, params: list[Any]) -> str:
+    """The statement's text with its parameters quoted in, once, by the driver: the
+    database's work is what is timed, not the client's quoting (mysqlclient quotes
+    every parameter in Python at every execute; psycopg adapts each of a multi-row
+    INSERT's 15,000 parameters)."""
+    if vendor == "mysql":
+        return str(raw.cursor().mogrify(sql, params))
+    import psycopg
+
+    return str(psycopg.ClientCursor(raw).mogrify(sql, params))
+
+
+def raw_enqueue_single(count: int) -> float:
+    """``count`` times the INSERT of ``enqueue()``, each its own (autocommitted)
+    transaction (on PostgreSQL with its NOTIFY, which is part of the statement)."""
+    using = router.db_for_write(Job)
+    sql, params = _recorded_insert(using)
+    raw = _driver_connection(using)
+    try:
+        cursor = raw.cursor()
+        text = _statement(raw, connections[using].vendor, sql, params)
+        started = time.perf_counter()
+        for _ in range(count):
+            cursor.execute(text)
+            if cursor.description:
+                cursor.fetchall()
+        elapsed = time.perf_counter() - started
+    finally:
+        raw.close()
+    return count / elapsed
+
+
+def raw_enqueue_bulk(count: int) -> float:
+    """``count`` rows of ``enqueue()``'s INSERT in multi-row INSERTs of
+    :data:`BULK_ROWS` (each returning the new ids on PostgreSQL), in one transaction."""
+    using = router.db_for_write(Job)
+    vendor = connections[using].vendor
+    sql, params = _recorded_insert(using)
+    head, values = sql.split(" VALUES ", 1)
+    group = values[: values.index(")") + 1]  # the row's placeholders: "(%s, %s, ...)"
+    row = params[: group.count("%s")]  # (without pg_notify's)
+    returning = " RETURNING id" if vendor == "postgresql" else ""
+    raw = _driver_connection(using)
+    try:
+        cursor = raw.cursor()
+        batches = []
+        for rows in [BULK_ROWS] * (count // BULK_ROWS) + [count % BULK_ROWS]:
+            if rows:
+                multi = f"{head} VALUES {', '.join([group] * rows)}{returning}"
+                batches.append(_statement(raw, vendor, multi, row * rows))
+        started = time.perf_counter()
+        cursor.execute("BEGIN")
+        for text in batches:
+            cursor.execute(text)
+            if cursor.description:
+                cursor.fetchall()
+        cursor.execute("COMMIT")
+        elapsed = time.perf_counter() - started
+    finally:
+        raw.close()
+    return count / elapsed
+
+
+class _Statements:
+    """The drain's statements on one server, as the queue sends them for one queue."""
+
+    def __init__(self, using: str, queue: str, batch_size: int) -> None:
+        conn = connections[using]
+        qn = conn.ops.quote_name
+        self.vendor = conn.vendor
+        self.batch_size = batch_size
+        self.queue = queue
+        table = qn(Job._meta.db_table)
+        order = f"{qn('priority')} DESC, {qn('run_after')}, {qn('id')}"
+        runnable = f"{qn('status')} = %s AND {qn('queue')} = %s AND {qn('run_after')} <= %s"
+        columns = _row_reader(Job, conn).columns
+        self.begin = "START TRANSACTION" if self.vendor == "mysql" else "BEGIN"
+        # MySQL/MariaDB: a plain read of candidate ids, then a locking read of those ids
+        # (queue/claim.py); PostgreSQL: one locking read along the claim index.
+        # {skip}: past the ids another process was seen taking, as claim.py reads again.
+        self.candidates = (
+            f"SELECT {qn('id')} FROM {table} WHERE {runnable} {{skip}}"  # noqa: S608
+            f"ORDER BY {order} LIMIT %s"
+        )
+        self.lock_next = (
+            f"SELECT {columns} FROM {table} WHERE {runnable} "  # noqa: S608
+            f"ORDER BY {order} LIMIT %s FOR UPDATE SKIP LOCKED"
+        )
+        self.lock_ids = (
+            f"SELECT {columns} FROM {table} WHERE {{ids}} AND "  # noqa: S608
+            f"{by_id_only(conn, qn('status') + ' = %s')} AND {qn('run_after')} <= %s "
+            "FOR UPDATE SKIP LOCKED"
+        )
+        self.mark = (
+            f"UPDATE {table} SET {qn('status')} = %s, {qn('owner')} = %s, "  # noqa: S608
+            f"{qn('owner_date')} = %s, {qn('attempts')} = {qn('attempts')} + 1 WHERE {{ids}}"
+        )
+        guard = by_id_only(conn, f"{qn('status')} = %s AND {qn('owner')} = %s")
+        self.finish = (
+            f"UPDATE {table} SET {qn('status')} = %s, {qn('finished_at')} = %s, "  # noqa: S608
+            f"{qn('unique_key')} = NULL, {qn('cancel_requested')} = %s "
+            f"WHERE {{ids}} AND {guard}"
+        )
+        self.conn = conn
+        self.false = Job._meta.get_field("cancel_requested").get_db_prep_value(False, conn)
+
+    def skip(self, taken: list[int]) -> str:
+        return f"AND {self.conn.ops.quote_name('id')} NOT IN ({placeholders(len(taken))}) "
+
+    def ids_in(self, ids: list[int]) -> tuple[str, list[Any]]:
+        return ids_in(self.conn, self.conn.ops.quote_name("id"), ids)
+
+    def now(self) -> Any:
+        return self.conn.ops.adapt_datetimefield_value(timezone.now())
+
+
+def _drain_loop(using: str, statements: _Statements, start: Any) -> None:
+    """One process: claim a batch, record it done, until nothing runnable is left."""
+    s = statements
+    raw = _driver_connection(using)
+    cursor = raw.cursor()
+    owner = f"{RAW_OWNER}:{os.getpid()}"
+    start.wait()
+    taken: list[int] = []
+    while True:
+        now = s.now()
+        if s.vendor == "mysql":
+            sql = s.candidates.format(skip=s.skip(taken) if taken else "")
+            cursor.execute(sql, [QUEUED, s.queue, now, *taken, s.batch_size])
+            candidates = [row[0] for row in cursor.fetchall()]
+            if not candidates:
+                break
+            where, params = s.ids_in(candidates)
+            cursor.execute(s.begin)
+            cursor.execute(s.lock_ids.format(ids=where), [*params, QUEUED, now])
+        else:
+            cursor.execute(s.begin)
+            cursor.execute(s.lock_next, [QUEUED, s.queue, now, s.batch_size])
+        ids = [row[0] for row in cursor.fetchall()]
+        if ids:
+            where, params = s.ids_in(ids)
+            cursor.execute(s.mark.format(ids=where), [CLAIMED, owner, now, *params])
+        cursor.execute("COMMIT")
+        if not ids:
+            if s.vendor == "mysql":
+                taken += candidates  # another process holds them: read past them
+                continue
+            break
+        taken.clear()
+        finished = s.now()
+        cursor.execute(
+            s.finish.format(ids=where), [DONE, finished, s.false, *params, CLAIMED, owner]
+        )
+    raw.close()
+    os._exit(0)
+
+
+def raw_drain(count: int, workers: int, batch_size: int, queue: str) -> float:
+    """``workers`` processes draining ``count`` queued no-op jobs with the queue's claim
+    and finish statements; timed from their common start to the last one's end."""
+    using = router.db_for_write(Job)
+    wait_for_purge(using)
+    enqueue_many({"task": noop, "queue": queue} for _ in range(count))
+    statements = _Statements(using, queue, batch_size)
+    connections.close_all()
+    ctx = multiprocessing.get_context("fork")
+    start = ctx.Event()
+    processes = [
+        ctx.Process(target=_drain_loop, args=(using, statements, start)) for _ in range(workers)
+    ]
+    for process in processes:
+        process.start()
+    time.sleep(0.5)  # every process connected and waiting
+    started = time.perf_counter()
+    start.set()
+    for process in processes:
+        process.join()
+    elapsed = time.perf_counter() - started
+    done = Job.objects.using(using).filter(status=DONE, owner__startswith=RAW_OWNER).count()
+    if done != count or any(p.exitcode for p in processes):
+        raise RuntimeError(f"raw drain incomplete: {done} of {count} done")
+    return count / elapsed
