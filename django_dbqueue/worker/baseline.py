@@ -5,14 +5,15 @@ Each loop sends through the database driver's own connection what the queue send
 the same work, built once before the clock starts: no ORM, no validation, no Job
 objects, no wake-up, no heartbeats. The enqueues replay the INSERT that ``enqueue()``
 sent for a no-op job; the drain runs the claim of queue/claim.py statement for
-statement and records each batch DONE with a plain ``UPDATE ... WHERE id IN`` (the
-queue's finish also keeps each job's start time). A figure of the queue as a share of
+statement and records each batch DONE as queue/finish.py does (which also keeps each
+job's start time). A figure of the queue as a share of
 these is its overhead on this machine and server, whatever their speed. Server
 databases only.
 """
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import time
@@ -25,7 +26,7 @@ from django_dbqueue.bulk import enqueue_many
 from django_dbqueue.enqueueing import enqueue
 from django_dbqueue.models import Job
 from django_dbqueue.queue.claim import _row_reader
-from django_dbqueue.queue.dialects import by_id_only, ids_in, placeholders
+from django_dbqueue.queue.dialects import by_id_only, has_json_table, ids_in, placeholders
 from django_dbqueue.status import CLAIMED, DONE, QUEUED
 from django_dbqueue.worker.bench import noop, wait_for_purge
 
@@ -34,12 +35,18 @@ RAW_OWNER = "dbqueue-bench-raw"
 
 
 def _driver_connection(using: str) -> Any:
-    """A new connection of the driver itself, with the settings Django would use, in
-    autocommit (transactions begun and committed by statements, as the queue does)."""
+    """A new connection of the driver itself, set up as Django sets up its own (on
+    MySQL/MariaDB its transaction isolation level, READ COMMITTED by default: InnoDB's
+    REPEATABLE READ locks gaps, and two claimers then deadlock), in autocommit, with
+    transactions begun and committed by statements, as the queue's are."""
     wrapper = connections[using]
     raw = wrapper.get_new_connection(wrapper.get_connection_params())
     if wrapper.vendor == "mysql":
         raw.autocommit(True)
+        level = getattr(wrapper, "isolation_level", None)
+        if level:
+            # Validated by Django against its list of the levels MySQL has.
+            raw.cursor().execute(f"SET SESSION TRANSACTION ISOLATION LEVEL {level.upper()}")
     else:
         raw.autocommit = True
     return raw
@@ -161,11 +168,21 @@ class _Statements:
             f"{qn('owner_date')} = %s, {qn('attempts')} = {qn('attempts')} + 1 WHERE {{ids}}"
         )
         guard = by_id_only(conn, f"{qn('status')} = %s AND {qn('owner')} = %s")
-        self.finish = (
-            f"UPDATE {table} SET {qn('status')} = %s, {qn('finished_at')} = %s, "  # noqa: S608
-            f"{qn('unique_key')} = NULL, {qn('cancel_requested')} = %s "
-            f"WHERE {{ids}} AND {guard}"
+        done = (
+            f"{qn('status')} = %s, {qn('finished_at')} = %s, "
+            f"{qn('unique_key')} = NULL, {qn('cancel_requested')} = %s"
         )
+        # The finish of queue/finish.py: on MariaDB the ids as one JSON parameter joined
+        # to the rows by primary key.
+        self.json_ids = has_json_table(conn)
+        if self.json_ids:
+            target = (
+                "JSON_TABLE(%s, '$[*]' COLUMNS (job_id BIGINT PATH '$')) AS f "
+                f"STRAIGHT_JOIN {table} ON {table}.{qn('id')} = f.job_id"
+            )
+            self.finish = f"UPDATE {target} SET {done} WHERE f.job_id IS NOT NULL AND {guard}"  # noqa: S608
+        else:
+            self.finish = f"UPDATE {table} SET {done} WHERE {{ids}} AND {guard}"  # noqa: S608
         self.conn = conn
         self.false = Job._meta.get_field("cancel_requested").get_db_prep_value(False, conn)
 
@@ -212,10 +229,11 @@ def _drain_loop(using: str, statements: _Statements, start: Any) -> None:
                 continue
             break
         taken.clear()
-        finished = s.now()
-        cursor.execute(
-            s.finish.format(ids=where), [DONE, finished, s.false, *params, CLAIMED, owner]
-        )
+        finished = [DONE, s.now(), s.false]
+        if s.json_ids:
+            cursor.execute(s.finish, [json.dumps(ids), *finished, CLAIMED, owner])
+        else:
+            cursor.execute(s.finish.format(ids=where), [*finished, *params, CLAIMED, owner])
     raw.close()
     os._exit(0)
 
