@@ -27,10 +27,10 @@ from django_dbqueue.enqueueing import (
     Call,
     Defaults,
     Shared,
-    _run_after,
     check_call,
     check_shared,
     new_job,
+    run_after_time,
     shared_attrs,
 )
 from django_dbqueue.exceptions import InvalidJob
@@ -198,7 +198,7 @@ class _Validated:
         if run_after is None:
             self.run_after.append(self.now)
         else:
-            self.run_after.append(_run_after(run_after, self.now))
+            self.run_after.append(run_after_time(run_after, self.now))
             self.delayed = True
 
     def _shared(self, task: Any, options: dict[str, Any] | None) -> Shared:

@@ -148,7 +148,9 @@ def _check_json(value: list[Any] | dict[str, Any], what: str) -> tuple[Any, str]
 _PLAIN = frozenset({str, int, float, bool, type(None)})
 
 
-def _run_after(run_after: datetime | timedelta | float | int | None, now: datetime) -> datetime:
+def run_after_time(run_after: datetime | timedelta | float | int | None, now: datetime) -> datetime:
+    """When a job enqueued at ``now`` may run: ``run_after`` as a moment, a delay (a
+    timedelta or seconds) or None (at once), checked against the bounds."""
     if run_after is None:
         return now
     if isinstance(run_after, timedelta):
@@ -336,7 +338,7 @@ def build_job(
             **shared_attrs(shared, now),
             "args": call.args,
             "kwargs": call.kwargs,
-            "run_after": _run_after(run_after, now),
+            "run_after": run_after_time(run_after, now),
             "unique_key": unique_key,
             "origin_unique_key": unique_key,
             "concurrency_key": call.concurrency_key,
