@@ -64,13 +64,15 @@ def finished_with(queryset: _Q, status: str) -> _Q:
     (migration 0009, so that claims do not write it): the condition names that column,
     which no model field describes.
     """
-    qs = queryset.filter(status=status, finished_at__isnull=False)
-    connection = connections[qs.db]
+    connection = connections[queryset.db]
     if connection.vendor != "mysql":
-        return qs
+        return queryset.filter(status=status, finished_at__isnull=False)
+    # Not ``status = %s`` as well: the index does not hold the status column, and InnoDB
+    # would read each row to test it.
     qn = connection.ops.quote_name
-    column = f"{qn(qs.model._meta.db_table)}.{qn('finished_status')}"
-    return qs.alias(finished_status=RawSQL(column, (), CharField())).filter(finished_status=status)
+    column = f"{qn(queryset.model._meta.db_table)}.{qn('finished_status')}"
+    finished = RawSQL(column, (), CharField())
+    return queryset.alias(finished_status=finished).filter(finished_status=status)
 
 
 class JobQuerySet(models.QuerySet["Job"]):
