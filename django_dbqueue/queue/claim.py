@@ -145,8 +145,10 @@ def claim(
     its worker still uses one up.
 
     Two claimers reading at once read the same ids, and the slower one's locking read
-    skips them all. It then reads again past the ids it found taken; if those are taken
-    too, three times over, it returns an empty :class:`Claimed` marked ``contended``.
+    skips them all. So 1 reads twice the batch: the slower one then locks the second
+    half in the same transaction. If that is taken too, it reads again past the ids it
+    found taken; taken three times over, it returns an empty :class:`Claimed` marked
+    ``contended``.
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
