@@ -127,7 +127,8 @@ def queue_rows(now: datetime, limit: int) -> list[QueueRow]:
 
 def per_minute(status: str, since: datetime) -> dict[datetime, int]:
     rows = (
-        Job.objects.filter(status=status, finished_at__gte=since)
+        Job.objects.finished_with(status)
+        .filter(finished_at__gte=since)
         .annotate(minute=TruncMinute("finished_at", tzinfo=UTC))
         .values("minute")
         .annotate(n=Count("id"))
@@ -196,9 +197,7 @@ def worker_rows(now: datetime) -> list[WorkerRow]:
 
 def recent_failures(limit: int = 10) -> list[FailureRow]:
     jobs = (
-        # finished_at is set on every failed job; saying so lets PostgreSQL read its
-        # partial (status, finished_at) index (migration 0008).
-        Job.objects.filter(status=Job.Status.FAILED, finished_at__isnull=False)
+        Job.objects.finished_with(Job.Status.FAILED)
         .order_by("-finished_at")
         .only("id", "task", "queue", "attempts", "max_attempts", "finished_at", "last_error")
     )

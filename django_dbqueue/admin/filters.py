@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Job
+from django_dbqueue.queue.actions import finished_with
 
 BIGINT_MAX = 2**63 - 1  # the largest value of a BigAutoField, on every database
 
@@ -91,4 +92,4 @@ class FailedSinceFilter(admin.SimpleListFilter):
             # and "select all" + delete would then delete every job.
             return queryset.none()
         since = timezone.now() - period
-        return queryset.filter(status=Job.Status.FAILED, finished_at__gte=since)
+        return finished_with(queryset, Job.Status.FAILED).filter(finished_at__gte=since)

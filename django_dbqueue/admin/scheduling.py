@@ -119,7 +119,7 @@ def table_size() -> TableSize:
         for status in FINISHED
         if (
             when := Job.objects.using(using)
-            .filter(status=status, finished_at__isnull=False)
+            .finished_with(status)
             .order_by("finished_at")
             .values_list("finished_at", flat=True)
             .first()

@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from django.db import IntegrityError, models, transaction
-from django.db.models import Case, F, Value, When
+from django.db import IntegrityError, connections, models, transaction
+from django.db.models import Case, CharField, F, Value, When
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from django_dbqueue.queue.claim import CLAIM_ORDER
@@ -49,6 +50,31 @@ class RequeueReport:
         )
 
 
+_Q = TypeVar("_Q", bound=models.QuerySet[Any])
+
+
+def finished_with(queryset: _Q, status: str) -> _Q:
+    """The jobs of ``queryset`` that finished as ``status``, asked so the history index
+    ``dbq_job_finished`` answers.
+
+    Every reader of finished jobs (pruning, "failed since", history, recent failures)
+    goes through here. PostgreSQL's index is partial, ``WHERE finished_at IS NOT NULL``
+    (migration 0008): the condition says the row is in it. On MySQL/MariaDB it is on the
+    virtual column ``finished_status``, the status of a finished job and NULL before
+    (migration 0009, so that claims do not write it): the condition names that column,
+    which no model field describes.
+    """
+    connection = connections[queryset.db]
+    if connection.vendor != "mysql":
+        return queryset.filter(status=status, finished_at__isnull=False)
+    # Not ``status = %s`` as well: the index does not hold the status column, and InnoDB
+    # would read each row to test it.
+    qn = connection.ops.quote_name
+    column = f"{qn(queryset.model._meta.db_table)}.{qn('finished_status')}"
+    finished = RawSQL(column, (), CharField())
+    return queryset.alias(finished_status=finished).filter(finished_status=status)
+
+
 class JobQuerySet(models.QuerySet["Job"]):
     def runnable(
         self, queues: Sequence[str] | None = None, now: datetime | None = None
@@ -57,6 +83,11 @@ class JobQuerySet(models.QuerySet["Job"]):
         if queues:
             qs = qs.filter(queue__in=list(queues))
         return qs.order_by(*CLAIM_ORDER)
+
+    def finished_with(self, status: str) -> JobQuerySet:
+        """The jobs that finished as ``status``, asked so the history index answers
+        (:func:`finished_with`)."""
+        return finished_with(self, status)
 
     def finished(self) -> JobQuerySet:
         return self.filter(status__in=FINISHED)

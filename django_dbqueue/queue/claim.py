@@ -145,8 +145,10 @@ def claim(
     its worker still uses one up.
 
     Two claimers reading at once read the same ids, and the slower one's locking read
-    skips them all. It then reads again past the ids it found taken; if those are taken
-    too, three times over, it returns an empty :class:`Claimed` marked ``contended``.
+    skips them all. So 1 reads twice the batch: the slower one then locks the second
+    half in the same transaction. If that is taken too, it reads again past the ids it
+    found taken; taken three times over, it returns an empty :class:`Claimed` marked
+    ``contended``.
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
@@ -182,15 +184,32 @@ def _claim(
     taken: list[int] = []
     for _ in range(3):
         now = timezone.now()
-        candidates = _candidate_ids(model, conn, queue_list, now, batch_size, taken)
+        # Twice the batch: the second half is what to lock when another claimer, which
+        # read the same candidates a moment before, holds or has taken the first.
+        candidates = _candidate_ids(model, conn, queue_list, now, 2 * batch_size, taken)
         if not candidates:
             # Nothing runnable but what other claimers are taking: nothing for us.
             return Claimed()
-        _, jobs = _take(model, using, owner, now, partial(_lock_ids, model, using, candidates))
+        first, spare = candidates[:batch_size], candidates[batch_size:]
+        _, jobs = _take(model, using, owner, now, partial(_lock_either, model, using, first, spare))
         if jobs:
             return Claimed(jobs)
         taken += candidates
     return Claimed(contended=True)
+
+
+def _lock_either(
+    model: type[Job], using: str, first: list[int], spare: list[int], now: datetime, lock: bool
+) -> list[Job]:
+    """:func:`_lock_ids` of ``first``; if none of them is left to us, of ``spare``, in the
+    same transaction. Two workers draining one queue read the same candidates whenever
+    one reads while the other's claim is under way (on MariaDB, 40 to 70 of every 100
+    claims of a 2-worker drain): the later one then locked nothing, and read the index
+    and began a transaction again."""
+    locked = _lock_ids(model, using, first, now, lock)
+    if not locked and spare:
+        locked = _lock_ids(model, using, spare, now, lock)
+    return locked
 
 
 def _claim_along_index(

@@ -1,7 +1,8 @@
 """Retention: deleting finished jobs once they are old enough, in short statements.
 
-Each batch reads up to ``PRUNE_BATCH_SIZE`` ids along the ``(status, finished_at)`` index
-and deletes them by primary key, so no DELETE scans a range or holds its locks for long
+Each batch reads up to ``PRUNE_BATCH_SIZE`` ids along the history index
+(``dbq_job_finished``, through ``JobQuerySet.finished_with``) and deletes them by
+primary key, so no DELETE scans a range or holds its locks for long
 (InnoDB locks every index record a DELETE reads). Workers prune at most once per
 ``RETENTION_INTERVAL`` across the whole cluster: a :class:`~django_dbqueue.models.Duty`
 row whose ``due_at`` only one of them can move forward.
@@ -91,7 +92,8 @@ def prunable(cutoff: Cutoff) -> int:
     using = router.db_for_read(Job)
     return (
         Job.objects.using(using)
-        .filter(status=cutoff.status, finished_at__lt=cutoff.before)
+        .finished_with(cutoff.status)
+        .filter(finished_at__lt=cutoff.before)
         .order_by()
         .count()
     )
@@ -124,7 +126,8 @@ def prune(
                 return deleted, False
             batch_started = time.monotonic()
             ids = list(
-                jobs.filter(status=cutoff.status, finished_at__lt=cutoff.before)
+                jobs.finished_with(cutoff.status)
+                .filter(finished_at__lt=cutoff.before)
                 .order_by("finished_at", "id")
                 .values_list("id", flat=True)[:size]
             )

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from django_dbqueue import enqueue_many
 from django_dbqueue.models import Job
@@ -44,7 +45,8 @@ def locked_by_another_claimer(ids: list[int]) -> Iterator[None]:
 
 @locking
 def test_a_claim_whose_every_candidate_is_taken_three_times_reports_contention() -> None:
-    ids = [job.pk for job in enqueue_many({"task": jobs.noop} for _ in range(15))]
+    # Each read takes twice the batch as candidates (the batch and a spare): 3 x 10.
+    ids = [job.pk for job in enqueue_many({"task": jobs.noop} for _ in range(30))]
     with locked_by_another_claimer(ids):
         claimed = Job.objects.claim("late", batch_size=5)
         assert claimed == []
@@ -60,6 +62,22 @@ def test_a_claim_reads_past_the_jobs_another_claimer_holds() -> None:
     with locked_by_another_claimer(ids[:5]):
         claimed = Job.objects.claim("late", batch_size=5)
     assert [job.pk for job in claimed] == ids[5:]
+
+
+@locking
+def test_a_claim_whose_candidates_are_held_takes_the_spare_ones_without_reading_again() -> None:
+    """Two claimers read the same candidates when one reads while the other's claim is
+    under way: the later one locks the next batch of what it read, in the same
+    transaction. (Two queues: on PostgreSQL one queue is claimed along the index.)"""
+    ids = [job.pk for job in enqueue_many({"task": jobs.noop} for _ in range(12))]
+    with locked_by_another_claimer(ids[:5]), CaptureQueriesContext(connection) as queries:
+        claimed = Job.objects.claim("late", batch_size=5, queues=["default", "other"])
+    assert [job.pk for job in claimed] == ids[5:10]
+    reads = [query["sql"] for query in queries if "dbqueue_job" in query["sql"]]
+    # One read of candidates; a locking read of the first five (all held), then of the
+    # spare five.
+    assert len([sql for sql in reads if "LIMIT" in sql and "FOR UPDATE" not in sql]) == 1
+    assert len([sql for sql in reads if "FOR UPDATE SKIP LOCKED" in sql]) == 2
 
 
 @locking
@@ -97,10 +115,11 @@ def test_on_postgresql_a_claim_of_one_queue_takes_the_best_jobs_nobody_holds() -
 
 @locking
 def test_a_claim_of_one_queue_whose_jobs_are_all_held() -> None:
-    ids = [job.pk for job in enqueue_many({"task": jobs.noop} for _ in range(15))]
+    ids = [job.pk for job in enqueue_many({"task": jobs.noop} for _ in range(30))]
     with locked_by_another_claimer(ids):
         claimed = Job.objects.claim("late", batch_size=5, queues=["default"])
     assert claimed == []
     # The walk along the index saw every runnable job held: nothing is left for this
-    # claimer. Candidates read five at a time cannot tell: busy, ask again.
+    # claimer. Candidates read ten at a time (the batch and a spare) cannot tell: busy,
+    # ask again.
     assert claimed.contended == (connection.vendor == "mysql")
