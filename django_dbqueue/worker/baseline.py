@@ -207,18 +207,25 @@ def _drain_loop(using: str, statements: _Statements, start: Any) -> None:
     while True:
         now = s.now()
         if s.vendor == "mysql":
+            # Twice the batch: the second half is locked if another process holds the first.
             sql = s.candidates.format(skip=s.skip(taken) if taken else "")
-            cursor.execute(sql, [QUEUED, s.queue, now, *taken, s.batch_size])
+            cursor.execute(sql, [QUEUED, s.queue, now, *taken, 2 * s.batch_size])
             candidates = [row[0] for row in cursor.fetchall()]
             if not candidates:
                 break
-            where, params = s.ids_in(candidates)
             cursor.execute(s.begin)
-            cursor.execute(s.lock_ids.format(ids=where), [*params, QUEUED, now])
+            for half in (candidates[: s.batch_size], candidates[s.batch_size :]):
+                if half:
+                    where, params = s.ids_in(half)
+                    cursor.execute(s.lock_ids.format(ids=where), [*params, QUEUED, now])
+                    rows = cursor.fetchall()
+                    if rows:
+                        break
         else:
             cursor.execute(s.begin)
             cursor.execute(s.lock_next, [QUEUED, s.queue, now, s.batch_size])
-        ids = [row[0] for row in cursor.fetchall()]
+            rows = cursor.fetchall()
+        ids = [row[0] for row in rows]
         if ids:
             where, params = s.ids_in(ids)
             cursor.execute(s.mark.format(ids=where), [CLAIMED, owner, now, *params])
