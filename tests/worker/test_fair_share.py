@@ -56,8 +56,8 @@ def test_slow_jobs_are_spread_over_both_children(
     done = Job.objects.filter(status=Job.Status.DONE)
     assert done.count() == 8
     owners = Counter(done.values_list("owner", flat=True))
-    assert len(owners) == 2, f"one child held every job: {owners}"
-    first = min(done.values_list("started_at", flat=True))
-    last = max(done.values_list("finished_at", flat=True))
-    # 4 s of sleep over 2 children: 2 s when shared, 3.5 s or more when one child hoards.
-    assert (last - first).total_seconds() < 2.5, owners
+    # Each child claims what it can start soon (one 0.5 s job at a time): 4 and 4, or 5
+    # and 3 when one child started a job's length later. A child claiming ahead held
+    # 7 or 8. (How long the eight take is the benchmark's to measure, `dbqueue_bench
+    # --only drain --jobs 8 --job-ms 500 --workers 2`, not a timed test's.)
+    assert len(owners) == 2 and min(owners.values()) >= 3, f"one child hoarded: {owners}"
