@@ -84,7 +84,7 @@ def _json_loads(value: Any, expression: Any, connection: Any) -> Any:
         return value
 
 
-def _row_reader(model: type[Job], conn: BaseDatabaseWrapper) -> RowReader:
+def row_reader(model: type[Job], conn: BaseDatabaseWrapper) -> RowReader:
     """The column list and per-column converters for reading claimed Job rows by hand.
 
     The converters are Django's own (naive MySQL and SQLite datetimes to aware ones...),
@@ -405,7 +405,7 @@ def _read_jobs(
 ) -> list[Job]:
     """Jobs built from the rows of ``WHERE {where}``, in the order read."""
     conn = connections[using]
-    reader = _row_reader(model, conn)
+    reader = row_reader(model, conn)
     table = conn.ops.quote_name(model._meta.db_table)
     sql = f"SELECT {reader.columns} FROM {table} WHERE {where}"  # noqa: S608
     if lock:

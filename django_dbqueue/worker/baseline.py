@@ -6,9 +6,8 @@ the same work, built once before the clock starts: no ORM, no validation, no Job
 objects, no wake-up, no heartbeats. The enqueues replay the INSERT that ``enqueue()``
 sent for a no-op job; the drain runs the claim of queue/claim.py statement for
 statement and records each batch DONE as queue/finish.py does (which also keeps each
-job's start time). A figure of the queue as a share of
-these is its overhead on this machine and server, whatever their speed. Server
-databases only.
+job's start time). The queue's figure as a share of these is its overhead on this
+machine and server, whatever their speed. Server databases only.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from django.utils import timezone
 from django_dbqueue.bulk import enqueue_many
 from django_dbqueue.enqueueing import enqueue
 from django_dbqueue.models import Job
-from django_dbqueue.queue.claim import _row_reader
+from django_dbqueue.queue.claim import row_reader
 from django_dbqueue.queue.dialects import by_id_only, has_json_table, ids_in, placeholders
 from django_dbqueue.status import CLAIMED, DONE, QUEUED
 from django_dbqueue.worker.bench import noop, wait_for_purge
@@ -145,7 +144,7 @@ class _Statements:
         table = qn(Job._meta.db_table)
         order = f"{qn('priority')} DESC, {qn('run_after')}, {qn('id')}"
         runnable = f"{qn('status')} = %s AND {qn('queue')} = %s AND {qn('run_after')} <= %s"
-        columns = _row_reader(Job, conn).columns
+        columns = row_reader(Job, conn).columns
         self.begin = "START TRANSACTION" if self.vendor == "mysql" else "BEGIN"
         # MySQL/MariaDB: a plain read of candidate ids, then a locking read of those ids
         # (queue/claim.py); PostgreSQL: one locking read along the claim index.
