@@ -145,8 +145,8 @@ def claim(
     its worker still uses one up.
 
     Two claimers reading at once read the same ids, and the slower one's locking read
-    skips them all. So 1 reads twice the batch: the slower one then locks the second
-    half in the same transaction. If that is taken too, it reads again past the ids it
+    skips them all. So step 1 reads twice the batch, and the slower one then locks the
+    second half in the same transaction. If that is taken too, it reads again past the ids it
     found taken; taken three times over, it returns an empty :class:`Claimed` marked
     ``contended``.
     """

@@ -16,6 +16,8 @@ import json
 import multiprocessing
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from django.db import connections, router
@@ -33,22 +35,19 @@ BULK_ROWS = 1000  # rows per INSERT, as enqueue_many's default batch
 RAW_OWNER = "dbqueue-bench-raw"
 
 
-def _driver_connection(using: str) -> Any:
-    """A new connection of the driver itself, set up as Django sets up its own (on
-    MySQL/MariaDB its transaction isolation level, READ COMMITTED by default: InnoDB's
-    REPEATABLE READ locks gaps, and two claimers then deadlock), in autocommit, with
-    transactions begun and committed by statements, as the queue's are."""
-    wrapper = connections[using]
-    raw = wrapper.get_new_connection(wrapper.get_connection_params())
-    if wrapper.vendor == "mysql":
-        raw.autocommit(True)
-        level = getattr(wrapper, "isolation_level", None)
-        if level:
-            # Validated by Django against its list of the levels MySQL has.
-            raw.cursor().execute(f"SET SESSION TRANSACTION ISOLATION LEVEL {level.upper()}")
-    else:
-        raw.autocommit = True
-    return raw
+@contextmanager
+def _driver_connection(using: str) -> Iterator[Any]:
+    """The driver's own connection of a new Django connection to ``using``: set up as
+    Django sets up every connection (on MySQL/MariaDB its isolation level, READ
+    COMMITTED by default: InnoDB's REPEATABLE READ locks gaps, and two claimers then
+    deadlock) and in autocommit; transactions are begun and committed by statements, as
+    the queue's are. Closed on leaving."""
+    wrapper = connections.create_connection(using)
+    try:
+        wrapper.ensure_connection()
+        yield wrapper.connection
+    finally:
+        wrapper.close()
 
 
 def _recorded_insert(using: str) -> tuple[str, list[Any]]:
@@ -86,8 +85,7 @@ def raw_enqueue_single(count: int) -> float:
     transaction (on PostgreSQL with its NOTIFY, which is part of the statement)."""
     using = router.db_for_write(Job)
     sql, params = _recorded_insert(using)
-    raw = _driver_connection(using)
-    try:
+    with _driver_connection(using) as raw:
         cursor = raw.cursor()
         text = _statement(raw, connections[using].vendor, sql, params)
         started = time.perf_counter()
@@ -96,8 +94,6 @@ def raw_enqueue_single(count: int) -> float:
             if cursor.description:
                 cursor.fetchall()
         elapsed = time.perf_counter() - started
-    finally:
-        raw.close()
     return count / elapsed
 
 
@@ -111,8 +107,7 @@ def raw_enqueue_bulk(count: int) -> float:
     group = values[: values.index(")") + 1]  # the row's placeholders: "(%s, %s, ...)"
     row = params[: group.count("%s")]  # (without pg_notify's)
     returning = " RETURNING id" if vendor == "postgresql" else ""
-    raw = _driver_connection(using)
-    try:
+    with _driver_connection(using) as raw:
         cursor = raw.cursor()
         batches = []
         for rows in [BULK_ROWS] * (count // BULK_ROWS) + [count % BULK_ROWS]:
@@ -127,8 +122,6 @@ def raw_enqueue_bulk(count: int) -> float:
                 cursor.fetchall()
         cursor.execute("COMMIT")
         elapsed = time.perf_counter() - started
-    finally:
-        raw.close()
     return count / elapsed
 
 
@@ -196,12 +189,15 @@ class _Statements:
 
 
 def _drain_loop(using: str, statements: _Statements, start: Any) -> None:
-    """One process: claim a batch, record it done, until nothing runnable is left."""
-    s = statements
-    raw = _driver_connection(using)
-    cursor = raw.cursor()
-    owner = f"{RAW_OWNER}:{os.getpid()}"
-    start.wait()
+    """One process: waits for the start, then drains; exits."""
+    with _driver_connection(using) as raw:
+        start.wait()
+        _drain(statements, raw.cursor(), f"{RAW_OWNER}:{os.getpid()}")
+    os._exit(0)
+
+
+def _drain(s: _Statements, cursor: Any, owner: str) -> None:
+    """Claim a batch, record it done, until nothing runnable is left."""
     taken: list[int] = []
     while True:
         now = s.now()
@@ -240,8 +236,6 @@ def _drain_loop(using: str, statements: _Statements, start: Any) -> None:
             cursor.execute(s.finish, [json.dumps(ids), *finished, CLAIMED, owner])
         else:
             cursor.execute(s.finish.format(ids=where), [*finished, *params, CLAIMED, owner])
-    raw.close()
-    os._exit(0)
 
 
 def raw_drain(count: int, workers: int, batch_size: int, queue: str) -> float:
