@@ -10,6 +10,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.db import OperationalError, connection
@@ -58,17 +59,21 @@ def test_sigkill_mid_job_the_job_completes_later(
 
 
 def test_slow_job_of_a_live_worker_is_never_recovered(
-    processes: Processes, worker_env: EnvMaker
+    processes: Processes, worker_env: EnvMaker, tmp_path: Path
 ) -> None:
     env = worker_env(LEASE_TIMEOUT=1.5, HEARTBEAT_INTERVAL=0.3, POLL_INTERVAL=0.2)
-    job = enqueue(jobs.record, ["slow"], {"sleep": 6.0})
+    # The job runs until the test opens the gate: however slowly the second worker
+    # starts on a busy machine, the job still runs while it polls.
+    gate = tmp_path / "gate"
+    job = enqueue(jobs.hold_until, [str(gate), "slow"])
     first = processes.run_jobs(env=env)
     wait_until(lambda: status(job) == Job.Status.CLAIMED, timeout=30)
     second = processes.run_jobs(env=env)  # recovers expired leases while it polls
-    # Running while the job still runs (and past Django's start-up, whose SIGTERM would
-    # end the process unhandled): a slow start on a busy machine would prove nothing.
-    wait_until(lambda: WorkerRow.objects.filter(pid=second.pid).exists(), timeout=30)
-    assert status(job) == Job.Status.CLAIMED, "the second worker came too late"
+    # Running (and past Django's start-up, whose SIGTERM would end the process unhandled).
+    wait_until(lambda: WorkerRow.objects.filter(pid=second.pid).exists(), timeout=60)
+    time.sleep(4 * 1.5)  # at least four lease timeouts with both workers polling
+    assert status(job) == Job.Status.CLAIMED
+    gate.touch()
     wait_until(lambda: status(job) == Job.Status.DONE, timeout=30)
     for proc in (first, second):
         proc.send_signal(signal.SIGTERM)
