@@ -36,7 +36,7 @@ from django_dbqueue.enqueueing import (
 from django_dbqueue.exceptions import InvalidJob
 from django_dbqueue.models import Job
 from django_dbqueue.queue.insert import insert_columns
-from django_dbqueue.queue.keys import ensure_keys
+from django_dbqueue.queue.concurrency import ensure_keys
 from django_dbqueue.worker import wakeup
 
 

@@ -20,7 +20,7 @@ from django_dbqueue.exceptions import InvalidJob, InvalidJobArguments
 from django_dbqueue.models import Job
 from django_dbqueue.queue.dialects import is_deadlock
 from django_dbqueue.queue.insert import JSON_TEXT, insert_one, json_text
-from django_dbqueue.queue.keys import ensure_keys
+from django_dbqueue.queue.concurrency import ensure_keys
 from django_dbqueue.registry import path_for_enqueue
 from django_dbqueue.worker import wakeup
 

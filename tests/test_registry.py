@@ -379,7 +379,7 @@ def test_dbqueue_tasks_in_a_fresh_process_shows_what_a_worker_imports() -> None:
     rows = {row["path"]: row for row in json.loads(out)}
     assert rows["testproject.jobs.send_welcome_mail"]["queue"] == "emails"
     assert rows["tests.support.task_functions.record"]["kind"] == "@task"
-    assert "django_dbqueue.worker.bench.noop" not in rows
+    assert "django_dbqueue.bench.runs.noop" not in rows
     assert not [path for path in rows if path.startswith(("os.", "builtins.", "subprocess."))]
 
 

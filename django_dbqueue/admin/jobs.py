@@ -28,7 +28,7 @@ from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
 from django_dbqueue.admin import dashboard
-from django_dbqueue.admin.bulk import apply_in_chunks
+from django_dbqueue.admin.chunked import apply_in_chunks
 from django_dbqueue.admin.filters import (
     FailedSinceFilter,
     QueueFilter,

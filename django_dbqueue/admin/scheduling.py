@@ -22,7 +22,7 @@ from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import InvalidJob, ScheduleError
 from django_dbqueue.models import Job, ScheduleTick
 from django_dbqueue.queue.dialects import estimated_rows
-from django_dbqueue.scheduling import pausing
+from django_dbqueue.queue import pausing
 from django_dbqueue.scheduling.config import all_schedules
 from django_dbqueue.scheduling.recurring import Schedule
 from django_dbqueue.status import FINISHED

@@ -24,7 +24,7 @@ from django_dbqueue.queue.dialects import (
     plain_transaction,
     write_transaction,
 )
-from django_dbqueue.queue.keys import admit, release_parked
+from django_dbqueue.queue.concurrency import admit, release_parked
 from django_dbqueue.status import CLAIMED, QUEUED
 
 if TYPE_CHECKING:

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from django_dbqueue.conf import settings
-from django_dbqueue.scheduling.pausing import PauseWatcher
-from django_dbqueue.scheduling.retention import prune_if_due
+from django_dbqueue.queue.pausing import PauseWatcher
+from django_dbqueue.queue.retention import prune_if_due
 from django_dbqueue.scheduling.ticks import Ticker
 
 logger = logging.getLogger("django_dbqueue.supervisor")

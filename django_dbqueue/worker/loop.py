@@ -27,7 +27,7 @@ from django_dbqueue.exceptions import JobCancelled, RetryJob, UnregisteredTask, 
 from django_dbqueue.models import Job
 from django_dbqueue.models import WorkerProcess as WorkerRow
 from django_dbqueue.queue.claim import Claimed
-from django_dbqueue.scheduling.pausing import PauseWatcher
+from django_dbqueue.queue.pausing import PauseWatcher
 from django_dbqueue.worker import rows, wakeup
 from django_dbqueue.worker.connections import (
     TRANSIENT_ERRORS,

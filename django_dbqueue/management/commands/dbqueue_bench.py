@@ -1,4 +1,4 @@
-"""``manage.py dbqueue_bench``: the queue's own benchmark (:mod:`django_dbqueue.worker.bench`)."""
+"""``manage.py dbqueue_bench``: the queue's own benchmark (:mod:`django_dbqueue.bench.runs`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from django.db import router
 from django_dbqueue.conf import settings
 from django_dbqueue.management.commands.run_jobs import positive_int
 from django_dbqueue.models import Job
-from django_dbqueue.worker import baseline, bench
+from django_dbqueue.bench import baseline, bench
 
 PARTS = ("enqueue", "drain", "raw", "latency", "history", "duties")
 # What runs without --only: the duties comparison drains several times over and is asked for.
@@ -280,7 +280,7 @@ class Command(BaseCommand):
             self._table(results)
 
     def _raw(self, options: dict[str, Any], results: bench.Results, say: Any) -> None:
-        """The yardstick: the same statements sent by the driver alone (worker/baseline.py)."""
+        """The yardstick: the same statements sent by the driver alone (bench/baseline.py)."""
         if results.vendor == "sqlite":
             say("  raw driver loops: server databases only")
             return

@@ -266,7 +266,7 @@ def fill_history(
         batch = [
             new_job(
                 {
-                    "task": "django_dbqueue.worker.bench.noop",
+                    "task": "django_dbqueue.bench.runs.noop",
                     "status": Job.Status.DONE,
                     "owner": "bench-history",
                     "created_at": finished - timedelta(seconds=rows - done - i),

@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Duty, Job
-from django_dbqueue.queue.keys import prune_keys
+from django_dbqueue.queue.concurrency import prune_keys
 from django_dbqueue.scheduling.ticks import prune_ticks
 from django_dbqueue.status import CANCELLED, DONE, FAILED
 
