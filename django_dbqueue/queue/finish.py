@@ -18,8 +18,9 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from django_dbqueue.conf import settings
-from django_dbqueue.queue.dialects import by_id_only, has_json_table, ids_in
+from django_dbqueue.queue import announce
 from django_dbqueue.queue.concurrency import release_freed
+from django_dbqueue.queue.dialects import by_id_only, has_json_table, ids_in
 from django_dbqueue.queue.leases import owned
 from django_dbqueue.status import CANCELLED, CLAIMED, DONE, FAILED, QUEUED
 
@@ -160,9 +161,7 @@ def free_slots(model: type[Job], using: str, jobs: Iterable[Job]) -> None:
         return
     queues = release_freed(model, using, keys)
     if queues:
-        from django_dbqueue.worker import wakeup
-
-        wakeup.notify(queues)
+        announce.notify(queues)
 
 
 def _case(qn: Any, name: str, count: int) -> str:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
+from django.apps import apps
 from django.db.models import DateTimeField, F, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -15,7 +16,7 @@ from django_dbqueue.queue.dialects import write_transaction
 from django_dbqueue.status import CLAIMED, FAILED, QUEUED
 
 if TYPE_CHECKING:
-    from django_dbqueue.models import Job
+    from django_dbqueue.models import Job, WorkerProcess
     from django_dbqueue.queue.actions import JobQuerySet
 
 
@@ -89,8 +90,8 @@ def recover_expired(
     get back the attempt their claim counted (see :func:`_unstarted`); the others keep
     it. Returns (requeued, failed).
     """
-    from django_dbqueue.models import WorkerProcess
-
+    # From the app registry: models.py stands on this room (its manager is here).
+    processes = cast("type[WorkerProcess]", apps.get_model("django_dbqueue", "WorkerProcess"))
     lease = float(settings.LEASE_TIMEOUT if lease_timeout is None else lease_timeout)
     now = timezone.now()
     cutoff = now - timedelta(seconds=lease)
@@ -104,7 +105,7 @@ def recover_expired(
             )[:1000]
         )
         shown = dict(
-            WorkerProcess.objects.using(using)
+            processes.objects.using(using)
             .filter(name__in={row[1] for row in rows})
             .values_list("name", "running_job_id")
         )

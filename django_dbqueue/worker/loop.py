@@ -26,6 +26,7 @@ from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import JobCancelled, RetryJob, UnregisteredTask, WorkerShutdown
 from django_dbqueue.models import Job
 from django_dbqueue.models import WorkerProcess as WorkerRow
+from django_dbqueue.queue import announce
 from django_dbqueue.queue.claim import Claimed
 from django_dbqueue.queue.pausing import PauseWatcher
 from django_dbqueue.worker import rows, wakeup
@@ -537,7 +538,7 @@ class Worker:
             if unstarted:
                 given = self._retry_db(lambda: Job.objects.give_back(self.name, unstarted))
                 self._release(*unstarted)
-                wakeup.notify(self.queues)
+                announce.notify(self.queues)
                 logger.info(
                     "Worker %s: gave back %s unstarted job(s)",
                     self.name,

@@ -15,6 +15,7 @@ from django.utils import timezone
 from django_dbqueue import enqueue
 from django_dbqueue.exceptions import InvalidJob
 from django_dbqueue.models import ConcurrencyKey, Job
+from django_dbqueue.queue.concurrency import PARKED_UNTIL, release_parked
 from django_dbqueue.queue.finish import (
     cancel_claimed,
     finish_done,
@@ -22,7 +23,6 @@ from django_dbqueue.queue.finish import (
     give_back,
     retry_later,
 )
-from django_dbqueue.queue.concurrency import PARKED_UNTIL, release_parked
 from testproject.models import Execution
 from tests.support import CURRENT_VENDOR, Processes, jobs, wait_until
 
