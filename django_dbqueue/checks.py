@@ -273,6 +273,7 @@ def check_task_settings(**kwargs: Any) -> list[checks.CheckMessage]:
 
 def check_scheduled_tasks(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """DBQUEUE['SCHEDULE'], its tasks looked up in the task registry."""
+
     def is_registered(path: str) -> bool:
         try:
             registry.find(path)

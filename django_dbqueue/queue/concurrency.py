@@ -50,6 +50,7 @@ def _key_rows() -> type[ConcurrencyKey]:
     # queue/manager.py), so the queue's modules do not import it.
     return cast("type[ConcurrencyKey]", apps.get_model("django_dbqueue", "ConcurrencyKey"))
 
+
 # Far beyond any run_after enqueue() accepts, inside every database's datetime range.
 PARKED_UNTIL = datetime(9000, 1, 1, tzinfo=UTC)
 # Keys made runnable again per release_parked() call, and how often a process looks.
