@@ -201,6 +201,44 @@ PAYLOAD_MODES = ("change", "view", "none")
 
 def check_task_settings(**kwargs: Any) -> list[checks.CheckMessage]:
     """Task discovery works, registered tasks use known queues, the limits are sane."""
+    errors = _check_task_modules()
+    size = settings.MAX_PAYLOAD_BYTES
+    if isinstance(size, bool) or not isinstance(size, int) or size < 2:
+        errors.append(
+            checks.Error(
+                "DBQUEUE['MAX_PAYLOAD_BYTES'] must be a positive number of bytes.",
+                hint="The default is 1048576 (1 MiB); MySQL's max_allowed_packet must be larger.",
+                id="django_dbqueue.E404",
+            )
+        )
+    if settings.ADMIN_SHOW_PAYLOADS not in PAYLOAD_MODES:
+        errors.append(
+            checks.Error(
+                f"DBQUEUE['ADMIN_SHOW_PAYLOADS'] must be one of {', '.join(PAYLOAD_MODES)}.",
+                hint="'change' (the default) shows args, kwargs and results to users who may "
+                "change jobs only.",
+                id="django_dbqueue.E405",
+            )
+        )
+    for name, check in (
+        ("MAX_ATTEMPTS", bounds.check_max_attempts),
+        ("JOB_TIMEOUT", bounds.check_timeout),
+    ):
+        try:
+            check(getattr(settings, name))
+        except InvalidJob as exc:
+            errors.append(
+                checks.Error(
+                    f"DBQUEUE[{name!r}]: {exc}",
+                    hint="Every job would get this value; see docs/security.md for the limits.",
+                    id="django_dbqueue.E406",
+                )
+            )
+    return errors
+
+
+def _check_task_modules() -> list[checks.CheckMessage]:
+    """E401-E403: TASK_MODULES is a list, the task modules import, their queues exist."""
     errors: list[checks.CheckMessage] = []
     modules = settings.TASK_MODULES
     if not isinstance(modules, list | tuple) or not all(isinstance(m, str) for m in modules):
@@ -236,38 +274,6 @@ def check_task_settings(**kwargs: Any) -> list[checks.CheckMessage]:
                         id="django_dbqueue.E403",
                     )
                 )
-    size = settings.MAX_PAYLOAD_BYTES
-    if isinstance(size, bool) or not isinstance(size, int) or size < 2:
-        errors.append(
-            checks.Error(
-                "DBQUEUE['MAX_PAYLOAD_BYTES'] must be a positive number of bytes.",
-                hint="The default is 1048576 (1 MiB); MySQL's max_allowed_packet must be larger.",
-                id="django_dbqueue.E404",
-            )
-        )
-    if settings.ADMIN_SHOW_PAYLOADS not in PAYLOAD_MODES:
-        errors.append(
-            checks.Error(
-                f"DBQUEUE['ADMIN_SHOW_PAYLOADS'] must be one of {', '.join(PAYLOAD_MODES)}.",
-                hint="'change' (the default) shows args, kwargs and results to users who may "
-                "change jobs only.",
-                id="django_dbqueue.E405",
-            )
-        )
-    for name, check in (
-        ("MAX_ATTEMPTS", bounds.check_max_attempts),
-        ("JOB_TIMEOUT", bounds.check_timeout),
-    ):
-        try:
-            check(getattr(settings, name))
-        except InvalidJob as exc:
-            errors.append(
-                checks.Error(
-                    f"DBQUEUE[{name!r}]: {exc}",
-                    hint="Every job would get this value; see docs/security.md for the limits.",
-                    id="django_dbqueue.E406",
-                )
-            )
     return errors
 
 
