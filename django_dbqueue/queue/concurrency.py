@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.db import DatabaseError, connections
@@ -48,7 +48,7 @@ logger = logging.getLogger("django_dbqueue.keys")
 def _key_rows() -> type[ConcurrencyKey]:
     # From the app registry: models.py stands on the queue room (its manager is
     # queue/manager.py), so the queue's modules do not import it.
-    return cast("type[ConcurrencyKey]", apps.get_model("django_dbqueue", "ConcurrencyKey"))
+    return apps.get_model("django_dbqueue", "ConcurrencyKey")
 
 
 # Far beyond any run_after enqueue() accepts, inside every database's datetime range.
@@ -320,7 +320,7 @@ def prune_keys(using: str, batch_size: int, max_seconds: float | None = None) ->
     """
     deadline = None if max_seconds is None else time.monotonic() + max_seconds
     keys = _key_rows().objects.using(using)
-    job_model = cast("type[Job]", apps.get_model("django_dbqueue", "Job"))
+    job_model = apps.get_model("django_dbqueue", "Job")
     active = job_model.objects.using(using).filter(
         concurrency_key=OuterRef("key"), status__in=[QUEUED, CLAIMED]
     )

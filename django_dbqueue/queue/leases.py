@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from django.apps import apps
 from django.db.models import DateTimeField, F, Value
@@ -16,7 +16,7 @@ from django_dbqueue.queue.dialects import write_transaction
 from django_dbqueue.status import CLAIMED, FAILED, QUEUED
 
 if TYPE_CHECKING:
-    from django_dbqueue.models import Job, WorkerProcess
+    from django_dbqueue.models import Job
     from django_dbqueue.queue.actions import JobQuerySet
 
 
@@ -91,7 +91,7 @@ def recover_expired(
     it. Returns (requeued, failed).
     """
     # From the app registry: models.py stands on this room (its manager is here).
-    processes = cast("type[WorkerProcess]", apps.get_model("django_dbqueue", "WorkerProcess"))
+    processes = apps.get_model("django_dbqueue", "WorkerProcess")
     lease = float(settings.LEASE_TIMEOUT if lease_timeout is None else lease_timeout)
     now = timezone.now()
     cutoff = now - timedelta(seconds=lease)
