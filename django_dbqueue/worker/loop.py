@@ -246,7 +246,7 @@ class Worker:
         announcement goes unannounced. Every worker that heard that announcement begins
         a claim no earlier than ``COALESCE`` after hearing it, which is after such a job
         committed: when the claim that came back empty began before then, one more
-        follows at ``heard_at + COALESCE`` (the reasoning is in worker/wakeup.py,
+        follows at ``heard_at + COALESCE`` (the reasoning is in queue/announce.py,
         "Coalescing"). What counts is when the claim began, not when it returned: its
         reads see what was committed when it began.
         """
