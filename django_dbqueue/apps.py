@@ -10,10 +10,10 @@ class DBQueueConfig(AppConfig):
 
     def ready(self) -> None:
         from django_dbqueue import checks, signals, tasks
-        from django_dbqueue.worker import wakeup
+        from django_dbqueue.queue import announce
 
         checks.register()
         for switched in (signals.queues_paused, signals.queues_resumed):
-            switched.connect(wakeup.on_queues_switched, dispatch_uid="django_dbqueue.switched")
+            switched.connect(announce.on_queues_switched, dispatch_uid="django_dbqueue.switched")
         if tasks.framework_available():
             tasks.ready()

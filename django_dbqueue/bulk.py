@@ -35,9 +35,9 @@ from django_dbqueue.enqueueing import (
 )
 from django_dbqueue.exceptions import InvalidJob
 from django_dbqueue.models import Job
+from django_dbqueue.queue import announce
+from django_dbqueue.queue.concurrency import ensure_keys
 from django_dbqueue.queue.insert import insert_columns
-from django_dbqueue.queue.keys import ensure_keys
-from django_dbqueue.worker import wakeup
 
 
 @dataclass
@@ -100,7 +100,7 @@ def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]], batch_size: int = 
             if keys:
                 ensure_keys(using, keys)
     # Jobs without a run_after of their own are due: their queues are announced without
-    # looking at each job (wakeup.jobs_committed() compares each one's run_after).
+    # looking at each job (announce.jobs_committed() compares each one's run_after).
     due = None if many.delayed else {shared.queue for shared in many.distinct_shared()}
     transaction.on_commit(partial(_committed, created, using, due), using=using)
     return created
@@ -110,9 +110,9 @@ def _committed(jobs: list[Job], using: str, due: set[str] | None) -> None:
     """On commit: wake the workers of ``due`` queues (None: of the jobs due now), then
     tell ``jobs_enqueued``'s receivers."""
     if due is None:
-        wakeup.jobs_committed(jobs, using)
+        announce.jobs_committed(jobs, using)
     else:
-        wakeup.notify(due, using=using)
+        announce.notify(due, using=using)
     signals.jobs_enqueued.send(Job, jobs=jobs)
 
 

@@ -5,9 +5,16 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
+from django.conf import settings as django_settings
 from django.core import checks
+from django.db import connections, router
 
+from django_dbqueue import bounds, registry
 from django_dbqueue.conf import DEFAULTS, settings
+from django_dbqueue.exceptions import InvalidJob
+from django_dbqueue.locks.named import BACKENDS, RELEASE_MODES
+from django_dbqueue.models import Counter
+from django_dbqueue.scheduling.checks import check_schedules
 
 HEARTBEATS_PER_LEASE = 3
 
@@ -55,8 +62,6 @@ def check_queue_settings(**kwargs: Any) -> list[checks.CheckMessage]:
 
 def check_setting_names(**kwargs: Any) -> list[checks.CheckMessage]:
     """Every key of ``DBQUEUE`` must be a known setting: a misspelled one would be ignored."""
-    from django.conf import settings as django_settings
-
     user = getattr(django_settings, "DBQUEUE", None) or {}
     if not isinstance(user, dict):
         return []  # the other checks and every setting read report this
@@ -83,11 +88,6 @@ DATABASE_LOCK_VENDORS = {"mysql": "mysql", "postgres": "postgresql"}
 
 def check_lock_settings(**kwargs: Any) -> list[checks.CheckMessage]:
     """The configured lock backend must be able to work with the configured servers."""
-    from django.conf import settings as django_settings
-    from django.db import connections
-
-    from django_dbqueue.locks.named import BACKENDS, RELEASE_MODES
-
     errors: list[checks.CheckMessage] = []
     backend = settings.LOCK_BACKEND
     if settings.LOCK_RELEASE_IN_TRANSACTION not in RELEASE_MODES:
@@ -138,10 +138,6 @@ def check_lock_settings(**kwargs: Any) -> list[checks.CheckMessage]:
 def check_counter_database(alias: str) -> list[checks.CheckMessage]:
     """Database locks write fencing tokens to ``dbqueue_counter`` on their own connection:
     a router that keeps the app's tables in another database leaves them without it."""
-    from django.db import router
-
-    from django_dbqueue.models import Counter
-
     if router.allow_migrate_model(alias, Counter):
         return []
     return [
@@ -205,44 +201,7 @@ PAYLOAD_MODES = ("change", "view", "none")
 
 def check_task_settings(**kwargs: Any) -> list[checks.CheckMessage]:
     """Task discovery works, registered tasks use known queues, the limits are sane."""
-    from django_dbqueue import bounds, registry
-    from django_dbqueue.exceptions import InvalidJob
-
-    errors: list[checks.CheckMessage] = []
-    modules = settings.TASK_MODULES
-    if not isinstance(modules, list | tuple) or not all(isinstance(m, str) for m in modules):
-        errors.append(
-            checks.Error(
-                "DBQUEUE['TASK_MODULES'] must be a list of module names.",
-                hint="For example DBQUEUE = {'TASK_MODULES': ['myproject.jobs']}.",
-                id="django_dbqueue.E401",
-            )
-        )
-    else:
-        try:
-            tasks = registry.all_tasks()
-        except Exception as exc:  # any error of a task module's import is the finding
-            errors.append(
-                checks.Error(
-                    f"Importing the task modules failed: {type(exc).__name__}: {exc}",
-                    hint="Workers import every installed app's tasks.py and jobs.py and the "
-                    "modules in DBQUEUE['TASK_MODULES'] when they start; fix the import.",
-                    id="django_dbqueue.E402",
-                )
-            )
-            tasks = []
-        queues = settings.QUEUES if isinstance(settings.QUEUES, list | tuple) else []
-        for entry in tasks:
-            queue = entry.defaults.get("queue")
-            if queue is not None and queue not in queues:
-                errors.append(
-                    checks.Error(
-                        f"Task {entry.path} is declared with @job(queue={queue!r}), which is "
-                        "not in DBQUEUE['QUEUES']: every enqueue of it would fail.",
-                        hint="Add the queue to DBQUEUE['QUEUES'] or change the task's queue.",
-                        id="django_dbqueue.E403",
-                    )
-                )
+    errors = _check_task_modules()
     size = settings.MAX_PAYLOAD_BYTES
     if isinstance(size, bool) or not isinstance(size, int) or size < 2:
         errors.append(
@@ -278,10 +237,48 @@ def check_task_settings(**kwargs: Any) -> list[checks.CheckMessage]:
     return errors
 
 
+def _check_task_modules() -> list[checks.CheckMessage]:
+    """E401-E403: TASK_MODULES is a list, the task modules import, their queues exist."""
+    errors: list[checks.CheckMessage] = []
+    modules = settings.TASK_MODULES
+    if not isinstance(modules, list | tuple) or not all(isinstance(m, str) for m in modules):
+        errors.append(
+            checks.Error(
+                "DBQUEUE['TASK_MODULES'] must be a list of module names.",
+                hint="For example DBQUEUE = {'TASK_MODULES': ['myproject.jobs']}.",
+                id="django_dbqueue.E401",
+            )
+        )
+    else:
+        try:
+            tasks = registry.all_tasks()
+        except Exception as exc:  # any error of a task module's import is the finding
+            errors.append(
+                checks.Error(
+                    f"Importing the task modules failed: {type(exc).__name__}: {exc}",
+                    hint="Workers import every installed app's tasks.py and jobs.py and the "
+                    "modules in DBQUEUE['TASK_MODULES'] when they start; fix the import.",
+                    id="django_dbqueue.E402",
+                )
+            )
+            tasks = []
+        queues = settings.QUEUES if isinstance(settings.QUEUES, list | tuple) else []
+        for entry in tasks:
+            queue = entry.defaults.get("queue")
+            if queue is not None and queue not in queues:
+                errors.append(
+                    checks.Error(
+                        f"Task {entry.path} is declared with @job(queue={queue!r}), which is "
+                        "not in DBQUEUE['QUEUES']: every enqueue of it would fail.",
+                        hint="Add the queue to DBQUEUE['QUEUES'] or change the task's queue.",
+                        id="django_dbqueue.E403",
+                    )
+                )
+    return errors
+
+
 def check_scheduled_tasks(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """DBQUEUE['SCHEDULE'], its tasks looked up in the task registry."""
-    from django_dbqueue import registry
-    from django_dbqueue.scheduling.checks import check_schedules
 
     def is_registered(path: str) -> bool:
         try:

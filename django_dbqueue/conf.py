@@ -61,7 +61,7 @@ DEFAULTS: dict[str, Any] = {
     "WAKEUP_REDIS_ALIAS": None,
     # Retention: finished jobs older than this (seconds or timedelta; None keeps them) are
     # deleted by the workers, by primary key in small batches. Keys: done, failed,
-    # cancelled; a key left out keeps its default (see scheduling/retention.py).
+    # cancelled; a key left out keeps its default (see queue/retention.py).
     "RETENTION": {},
     "RETENTION_INTERVAL": 300.0,  # seconds between prune runs, across the whole cluster
     "PRUNE_BATCH_SIZE": 500,  # rows per DELETE: each statement holds its locks briefly

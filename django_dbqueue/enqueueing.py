@@ -18,11 +18,11 @@ from django_dbqueue import bounds, signals
 from django_dbqueue.conf import PerSettings, settings
 from django_dbqueue.exceptions import InvalidJob, InvalidJobArguments
 from django_dbqueue.models import Job
+from django_dbqueue.queue import announce
+from django_dbqueue.queue.concurrency import ensure_keys
 from django_dbqueue.queue.dialects import is_deadlock
 from django_dbqueue.queue.insert import JSON_TEXT, insert_one, json_text
-from django_dbqueue.queue.keys import ensure_keys
 from django_dbqueue.registry import path_for_enqueue
-from django_dbqueue.worker import wakeup
 
 
 class Defaults(NamedTuple):
@@ -434,7 +434,7 @@ def save_job(job: Job) -> tuple[Job, bool]:
 
 def _committed(jobs: list[Job], using: str) -> None:
     """On commit: wake the workers, then tell ``jobs_enqueued``'s receivers."""
-    wakeup.jobs_committed(jobs, using)
+    announce.jobs_committed(jobs, using)
     signals.jobs_enqueued.send(Job, jobs=jobs)
 
 
@@ -447,7 +447,7 @@ def _insert(job: Job, using: str) -> tuple[Job, bool]:
     text = json_text(job)
     unique = job.unique_key is not None
     due = job.run_after <= timezone.now()
-    notify = wakeup.notify_args(conn, job.queue) if due else None
+    notify = announce.notify_args(conn, job.queue) if due else None
     notified_at = time.monotonic()  # before the INSERT that carries the pg_notify
     # Outside a caller's transaction a deadlock between inserts of the same key (InnoDB
     # locks the duplicate's index record) can be retried: nothing else was rolled back.
@@ -474,7 +474,7 @@ def _insert(job: Job, using: str) -> tuple[Job, bool]:
             job._state.db = using
             values.pop(JSON_TEXT, None)
             if notify is not None:
-                values[wakeup.WOKEN] = notified_at
+                values[announce.WOKEN] = notified_at
             return job, True
         existing = Job.objects.using(using).filter(unique_key=job.unique_key).first()
         if existing is not None:

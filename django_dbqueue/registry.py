@@ -24,7 +24,8 @@ from typing import Any, TypeVar, overload
 
 from django_dbqueue import bounds
 from django_dbqueue.conf import settings
-from django_dbqueue.exceptions import InvalidJob, UnregisteredTask
+from django_dbqueue.exceptions import InvalidJob, ScheduleError, UnregisteredTask
+from django_dbqueue.scheduling.config import declared_entry
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -161,9 +162,6 @@ def _declared_schedules(
     """``@job(schedule=...)`` as (name, entry) pairs, each checked as a settings entry is
     (ScheduleError at import). Time zones are checked here; the default one (Django's
     TIME_ZONE) is applied when the schedules are read."""
-    from django_dbqueue.exceptions import ScheduleError
-    from django_dbqueue.scheduling.config import declared_entry
-
     entries = [given] if isinstance(given, Mapping) else list(given)
     declared: list[tuple[str, dict[str, Any]]] = []
     for given_entry in entries:

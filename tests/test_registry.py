@@ -24,7 +24,6 @@ from django_dbqueue import enqueue, enqueue_many, job, registry
 from django_dbqueue.checks import check_scheduled_tasks, check_task_settings
 from django_dbqueue.exceptions import InvalidJob, UnregisteredTask
 from django_dbqueue.models import Job
-from django_dbqueue.worker.execution import lookup
 from django_dbqueue.worker.loop import Worker
 from tests.support import ROOT, Processes, jobs, task_functions
 
@@ -98,7 +97,8 @@ def test_job_registers_under_its_dotted_path_and_returns_the_function() -> None:
     entry = registry.registered("tests.test_registry.plain_registered")
     assert entry is not None and entry.func is plain_registered
     assert plain_registered(21) == 42, "calling it directly still runs it"
-    assert lookup("tests.test_registry.plain_registered") == (plain_registered, False)
+    found = registry.find("tests.test_registry.plain_registered")
+    assert (found.func, found.is_framework_task) == (plain_registered, False)
 
 
 def test_job_defaults_apply_to_every_enqueue_and_an_argument_wins() -> None:
@@ -275,10 +275,10 @@ def test_worker_fails_a_row_of_an_unimported_module_without_importing_it(
     assert not side_effect_file.exists()
 
 
-def test_lookup_raises_unregistered_task_for_any_unknown_path() -> None:
+def test_find_raises_unregistered_task_for_any_unknown_path() -> None:
     for path in ("os.system", "builtins.eval", "django.conf.settings.__getattr__", "x.y"):
         with pytest.raises(UnregisteredTask, match=unregistered(path)):
-            lookup(path)
+            registry.find(path)
 
 
 @pytest.mark.processes
@@ -314,14 +314,12 @@ def test_task_objects_count_as_registered() -> None:
     assert entry.is_framework_task and entry.func is task_functions.add
     stored = enqueue("tests.support.task_functions.add", args=[1, 2])
     assert stored.task == "tests.support.task_functions.add"
-    func, is_task = lookup("tests.support.task_functions.add")
-    assert func is task_functions.add and is_task
 
 
 def test_a_plain_function_under_a_task_name_is_not_a_task() -> None:
     # renamed = task(_helper): the path names the undecorated _helper.
     with pytest.raises(UnregisteredTask):
-        lookup("tests.support.task_functions._helper")
+        registry.find("tests.support.task_functions._helper")
 
 
 # -- discovery ---------------------------------------------------------------------------
@@ -379,7 +377,7 @@ def test_dbqueue_tasks_in_a_fresh_process_shows_what_a_worker_imports() -> None:
     rows = {row["path"]: row for row in json.loads(out)}
     assert rows["testproject.jobs.send_welcome_mail"]["queue"] == "emails"
     assert rows["tests.support.task_functions.record"]["kind"] == "@task"
-    assert "django_dbqueue.worker.bench.noop" not in rows
+    assert "django_dbqueue.bench.runs.noop" not in rows
     assert not [path for path in rows if path.startswith(("os.", "builtins.", "subprocess."))]
 
 

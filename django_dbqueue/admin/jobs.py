@@ -1,55 +1,47 @@
-"""The job pages of the admin: job list, job detail, actions and the dashboard view.
+"""The job pages of the admin: job list, job detail and the dashboard view.
 
-Actions call the library (:class:`django_dbqueue.queue.actions.JobQuerySet`); large selections
-("all N matching the filter") are worked through in chunks of primary keys so no single
-statement locks a big range of the table the workers claim from.
+The actions and the detail page's buttons are admin/operations.py's; the list stays
+cheap on tables with millions of rows (admin/filters.py, admin/paginator.py).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from django.contrib import admin, messages
-from django.contrib.admin import helpers
+from django.contrib import admin
 from django.contrib.admin.utils import flatten_fieldsets
 from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied, SuspiciousOperation
 from django.db.models import Q, QuerySet
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
-from django.shortcuts import get_object_or_404
+from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path, reverse
+from django.urls import URLPattern, path
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
-from django.utils.http import url_has_allowed_host_and_scheme
 from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
 from django_dbqueue.admin import dashboard
-from django_dbqueue.admin.bulk import apply_in_chunks
 from django_dbqueue.admin.filters import (
     FailedSinceFilter,
     QueueFilter,
     TaskFilter,
     parse_job_id,
 )
+from django_dbqueue.admin.operations import JobOperations
 from django_dbqueue.admin.paginator import CappedCountPaginator
-from django_dbqueue.admin.scheduling import SchedulingAdmin, dashboard_context
+from django_dbqueue.admin.scheduling import dashboard_context
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Job
-from django_dbqueue.queue.actions import JobQuerySet, RequeueReport
 
 if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[Job]
 else:  # ModelAdmin is generic only in the type stubs
     _ModelAdmin = admin.ModelAdmin
 
-REQUEUEABLE = (Job.Status.FAILED, Job.Status.CANCELLED, Job.Status.DONE)
 PAYLOAD_SECTION = "Call"  # the fieldset of a job's args, kwargs and result
 PAYLOAD_FIELDS = ("args", "kwargs", "result")
-NOT_FINISHED = "only failed, cancelled or done jobs can be requeued."
 # Columns the list never shows: left out so a page of 100 jobs does not drag in their
 # arguments, results and tracebacks.
 LIST_DEFERRED = ("args", "kwargs", "result", "errors")
@@ -71,7 +63,7 @@ class JobChangeList(ChangeList):
 
 
 @admin.register(Job)
-class JobAdmin(SchedulingAdmin, _ModelAdmin):
+class JobAdmin(JobOperations, _ModelAdmin):
     list_display = (
         "id",
         "task",
@@ -323,131 +315,6 @@ class JobAdmin(SchedulingAdmin, _ModelAdmin):
             context["operations"] = self.operations_for(job)
         return super().change_view(request, object_id, form_url, context)
 
-    @staticmethod
-    def operations_for(job: Job) -> list[tuple[str, str]]:
-        """(operation, button label) that make sense for a job in its current state."""
-        if job.status in REQUEUEABLE:
-            return [("requeue", "Requeue"), ("requeue_now", "Requeue and run now")]
-        if job.status == Job.Status.QUEUED:
-            return [("run_now", "Run now"), ("cancel", "Cancel")]
-        if job.status == Job.Status.CLAIMED and not job.cancel_requested:
-            return [("cancel", "Ask the worker to stop it")]
-        return []
-
-    # -- actions -----------------------------------------------------------------------
-
-    def _apply(
-        self,
-        request: HttpRequest,
-        queryset: QuerySet[Job],
-        operation: Callable[[JobQuerySet], int],
-        done: str,
-        why: str,
-    ) -> None:
-        """Run ``operation`` over the selection and tell how many jobs it changed
-        (``done`` has a ``{n}``) and how many it left alone, and ``why``."""
-        selected, counts = apply_in_chunks(queryset, operation)
-        changed = sum(counts)
-        self.message_user(request, done.format(n=changed), messages.SUCCESS)
-        if selected > changed:
-            self.message_user(
-                request,
-                f"{selected - changed} selected job(s) left unchanged: {why}",
-                messages.WARNING,
-            )
-
-    def _requeue(self, request: HttpRequest, queryset: QuerySet[Job], run_now: bool) -> None:
-        selected, reports = apply_in_chunks(queryset, lambda qs: qs.requeue_report(run_now))
-        report = RequeueReport(
-            requeued=sum(r.requeued for r in reports),
-            key_held=[held for r in reports for held in r.key_held],
-        )
-        done = "Requeued {n} job(s) to run now." if run_now else "Requeued {n} job(s)."
-        self.message_user(request, done.format(n=report.requeued), messages.SUCCESS)
-        if report.key_held:
-            self.message_user(request, report.describe(), messages.WARNING)
-        others = selected - report.requeued - len(report.key_held)
-        if others > 0:
-            self.message_user(
-                request,
-                f"{others} selected job(s) left unchanged: {NOT_FINISHED}",
-                messages.WARNING,
-            )
-
-    @admin.action(permissions=["change"], description="Requeue (failed, cancelled or done)")
-    def requeue_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        self._requeue(request, queryset, run_now=False)
-
-    @admin.action(permissions=["change"], description="Requeue and run now")
-    def requeue_jobs_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        self._requeue(request, queryset, run_now=True)
-
-    @admin.action(
-        permissions=["change"], description="Cancel (queued; running ones are asked to stop)"
-    )
-    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        selected, results = apply_in_chunks(queryset, lambda qs: qs.cancel())
-        cancelled = sum(r[0] for r in results)
-        asked = sum(r[1] for r in results)
-        self.message_user(request, f"Cancelled {cancelled} queued job(s).", messages.SUCCESS)
-        if asked:
-            self.message_user(
-                request,
-                f"Asked the workers running {asked} job(s) to stop them; they are recorded "
-                "as cancelled when the worker notices.",
-                messages.WARNING,
-            )
-        if selected > cancelled + asked:
-            self.message_user(
-                request,
-                f"{selected - cancelled - asked} selected job(s) left unchanged: they had "
-                "already finished.",
-                messages.WARNING,
-            )
-
-    @admin.action(permissions=["change"], description="Run now (queued)")
-    def run_jobs_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        self._apply(
-            request,
-            queryset,
-            lambda qs: qs.run_now(),
-            "{n} job(s) will run as soon as a worker is free.",
-            "only queued jobs can be run now.",
-        )
-
-    @admin.action(permissions=["change"], description="Pause the queues of these jobs")
-    def pause_queues(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        self._switch_selected(request, queryset, pause=True)
-
-    @admin.action(permissions=["change"], description="Resume the queues of these jobs")
-    def resume_queues(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        self._switch_selected(request, queryset, pause=False)
-
-    @admin.action(permissions=["delete"], description="Delete (except running jobs)")
-    def delete_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
-        if request.POST.get("post") != "yes":
-            paginator = CappedCountPaginator(queryset, 1, limit=self.count_limit)
-            context = {
-                **self.admin_site.each_context(request),
-                "title": "Delete jobs?",
-                "opts": self.model._meta,
-                "count_label": paginator.count_label,
-                "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
-                "select_across": request.POST.get("select_across", "0"),
-                "action": request.POST.get("action", ""),
-            }
-            return TemplateResponse(
-                request, "admin/django_dbqueue/job/delete_jobs_confirmation.html", context
-            )
-        self._apply(
-            request,
-            queryset,
-            lambda qs: qs.delete_unclaimed(),
-            "Deleted {n} job(s).",
-            "running jobs are not deleted; cancel them first.",
-        )
-        return None
-
     # -- extra pages: dashboard and one-job operations ---------------------------------
 
     def get_urls(self) -> list[URLPattern]:
@@ -485,65 +352,3 @@ class JobAdmin(SchedulingAdmin, _ModelAdmin):
             **dashboard_context(),
         }
         return TemplateResponse(request, "admin/django_dbqueue/dashboard.html", context)
-
-    def operate_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        job_id = parse_job_id(object_id)
-        if job_id is None:
-            raise Http404(f"{object_id[:30]!r} is not a job id.")
-        job = get_object_or_404(Job, pk=job_id)
-        if not self.has_change_permission(request, job):
-            raise PermissionDenied("Changing jobs is required to requeue, cancel or run them.")
-        operation = request.POST.get("operation", "")
-        jobs = Job.objects.filter(pk=job.pk)
-        level, message = messages.SUCCESS, ""
-        if operation in ("requeue", "requeue_now"):
-            report = jobs.requeue_report(run_now=operation == "requeue_now")
-            if report.requeued:
-                message = f"Job #{job.pk} requeued."
-            elif report.key_held:
-                level, message = messages.ERROR, report.describe()
-            else:
-                level, message = (
-                    messages.ERROR,
-                    (
-                        f"Job #{job.pk} was not requeued: it is {job.refresh_status()}; only "
-                        "failed, cancelled or done jobs can be requeued."
-                    ),
-                )
-        elif operation == "cancel":
-            cancelled, asked = jobs.cancel()
-            if cancelled:
-                message = f"Job #{job.pk} cancelled."
-            elif asked:
-                level = messages.WARNING
-                message = (
-                    f"Job #{job.pk} is running: its worker was asked to stop it and will "
-                    "record it as cancelled."
-                )
-            else:
-                level, message = (
-                    messages.ERROR,
-                    (
-                        f"Job #{job.pk} was not cancelled: it is {job.refresh_status()}, "
-                        "already finished."
-                    ),
-                )
-        elif operation == "run_now":
-            if jobs.run_now():
-                message = f"Job #{job.pk} will run as soon as a worker is free."
-            else:
-                level, message = (
-                    messages.ERROR,
-                    (f"Job #{job.pk} is {job.refresh_status()}: only queued jobs can be run now."),
-                )
-        else:
-            level, message = messages.ERROR, f"Unknown operation {operation!r}."
-        self.message_user(request, message, level)
-        target = request.POST.get("next", "")
-        if not url_has_allowed_host_and_scheme(
-            target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
-        ):
-            target = reverse(
-                f"admin:{self.opts.app_label}_{self.opts.model_name}_change", args=[job.pk]
-            )
-        return HttpResponseRedirect(target)

@@ -20,7 +20,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from django_dbqueue.models import ConcurrencyKey, Job
-from django_dbqueue.queue.keys import PARKED_UNTIL
+from django_dbqueue.queue.concurrency import PARKED_UNTIL
 from django_dbqueue.status import CLAIMED, QUEUED
 
 if TYPE_CHECKING:

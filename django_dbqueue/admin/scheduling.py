@@ -19,12 +19,13 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from django_dbqueue.conf import settings
+from django_dbqueue.enqueueing import enqueue
 from django_dbqueue.exceptions import InvalidJob, ScheduleError
 from django_dbqueue.models import Job, ScheduleTick
+from django_dbqueue.queue import pausing
 from django_dbqueue.queue.dialects import estimated_rows
-from django_dbqueue.scheduling import pausing
-from django_dbqueue.scheduling.config import all_schedules
 from django_dbqueue.scheduling.recurring import Schedule
+from django_dbqueue.scheduling.sources import all_schedules
 from django_dbqueue.status import FINISHED
 
 if TYPE_CHECKING:
@@ -89,8 +90,6 @@ def schedule_rows(now: datetime) -> list[ScheduleRow]:
 def enqueue_schedule_now(name: str) -> Job:
     """Enqueue a schedule's job at once, recorded as its newest tick (the next regular
     tick still comes at its time)."""
-    from django_dbqueue.enqueueing import enqueue
-
     schedule = next((s for s in all_schedules() if s.name == name), None)
     if schedule is None:
         raise Http404(f"No schedule named {name[:100]!r}.")

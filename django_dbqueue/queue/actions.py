@@ -19,8 +19,8 @@ from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from django_dbqueue.queue.claim import CLAIM_ORDER
+from django_dbqueue.queue.concurrency import PARKED_UNTIL
 from django_dbqueue.queue.dialects import write_transaction
-from django_dbqueue.queue.keys import PARKED_UNTIL
 from django_dbqueue.status import CANCELLED, CLAIMED, DONE, FAILED, FINISHED, QUEUED
 
 if TYPE_CHECKING:

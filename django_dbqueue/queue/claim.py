@@ -14,6 +14,7 @@ from django.db.models import JSONField
 from django.db.models.base import ModelState
 from django.utils import timezone
 
+from django_dbqueue.queue.concurrency import admit, release_parked
 from django_dbqueue.queue.dialects import (
     by_id_only,
     has_lateral_arrays,
@@ -24,7 +25,6 @@ from django_dbqueue.queue.dialects import (
     plain_transaction,
     write_transaction,
 )
-from django_dbqueue.queue.keys import admit, release_parked
 from django_dbqueue.status import CLAIMED, QUEUED
 
 if TYPE_CHECKING:

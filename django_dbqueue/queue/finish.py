@@ -18,8 +18,9 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from django_dbqueue.conf import settings
+from django_dbqueue.queue import announce
+from django_dbqueue.queue.concurrency import release_freed
 from django_dbqueue.queue.dialects import by_id_only, has_json_table, ids_in
-from django_dbqueue.queue.keys import release_freed
 from django_dbqueue.queue.leases import owned
 from django_dbqueue.status import CANCELLED, CLAIMED, DONE, FAILED, QUEUED
 
@@ -153,16 +154,14 @@ def free_slots(model: type[Job], using: str, jobs: Iterable[Job]) -> None:
     The released jobs' queues are told (the wake-up channel) so idle workers claim them
     now rather than at their next poll. (``__dict__``: a job built from a log entry does
     not know its key, and reading it would cost a query; the claims' periodic
-    :func:`~django_dbqueue.queue.keys.release_parked` covers those.)
+    :func:`~django_dbqueue.queue.concurrency.release_parked` covers those.)
     """
     keys = [key for job in jobs if (key := job.__dict__.get("concurrency_key")) is not None]
     if not keys:
         return
     queues = release_freed(model, using, keys)
     if queues:
-        from django_dbqueue.worker import wakeup
-
-        wakeup.notify(queues)
+        announce.notify(queues)
 
 
 def _case(qn: Any, name: str, count: int) -> str:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from django.apps import apps
 from django.db.models import DateTimeField, F, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -89,8 +90,8 @@ def recover_expired(
     get back the attempt their claim counted (see :func:`_unstarted`); the others keep
     it. Returns (requeued, failed).
     """
-    from django_dbqueue.models import WorkerProcess
-
+    # From the app registry: models.py stands on this room (its manager is here).
+    processes = apps.get_model("django_dbqueue", "WorkerProcess")
     lease = float(settings.LEASE_TIMEOUT if lease_timeout is None else lease_timeout)
     now = timezone.now()
     cutoff = now - timedelta(seconds=lease)
@@ -104,7 +105,7 @@ def recover_expired(
             )[:1000]
         )
         shown = dict(
-            WorkerProcess.objects.using(using)
+            processes.objects.using(using)
             .filter(name__in={row[1] for row in rows})
             .values_list("name", "running_job_id")
         )

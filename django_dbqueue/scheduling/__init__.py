@@ -1,1 +1,1 @@
-"""The scheduling room: recurring jobs, paused queues, retention."""
+"""The scheduling room: recurring schedules and their ticks."""

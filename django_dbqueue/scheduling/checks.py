@@ -10,6 +10,7 @@ from typing import Any
 
 from django.core import checks
 
+from django_dbqueue import registry
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import ScheduleError
 from django_dbqueue.scheduling.config import (
@@ -82,8 +83,6 @@ def check_schedules(
 def _check_declared(taken: set[str], queues: list[str], zone: str) -> list[checks.CheckMessage]:
     """@job(schedule=...): an unknown queue (E304), a name also used in the setting or by
     another declaration (E306). The rest was checked when the decorator ran."""
-    from django_dbqueue import registry
-
     try:
         registry.discover()
     except Exception:  # a task module that fails to import is E402's to report

@@ -75,25 +75,6 @@ def declared_entry(path: str, given: Any) -> tuple[str, dict[str, Any]]:
     return name, entry
 
 
-def all_schedules() -> list[Schedule]:
-    """The schedules of ``DBQUEUE['SCHEDULE']``, then those declared with
-    ``@job(schedule=...)`` (the task modules are imported first). ScheduleError for the
-    first bad entry, or a name declared twice."""
-    from django_dbqueue import registry
-
-    registry.discover()
-    zone = default_timezone()
-    schedules = schedules_from_settings()
-    taken = {schedule.name: "DBQUEUE['SCHEDULE']" for schedule in schedules}
-    for path, name, entry in registry.declared_schedules():
-        where = f"@job(schedule=...) on {path}"
-        if name in taken:
-            raise ScheduleError(name, clash_message(name, taken[name]), None, where)
-        taken[name] = where
-        schedules.append(parse_schedule(name, entry, default_timezone=zone))
-    return schedules
-
-
 def clash_message(name: str, other: str) -> str:
     return (
         f"the schedule name {name!r} is taken by {other}: schedule names are unique (each "
@@ -119,6 +100,28 @@ def parse_schedules(raw: Any, *, default_timezone: str = "UTC") -> list[Schedule
 
 def parse_schedule(name: Any, entry: Any, *, default_timezone: str = "UTC") -> Schedule:
     """One settings entry as a Schedule; ScheduleError saying what is wrong with it."""
+    task = _checked_shape(name, entry)
+    timing = _timing(name, entry, default_timezone)
+    try:
+        return Schedule(
+            name=name,
+            task=task,
+            args=tuple(_json(name, entry, "args", list | tuple, [])),
+            kwargs=_json(name, entry, "kwargs", dict, {}),
+            queue=_queue(name, entry.get("queue")),
+            priority=_integer(name, entry, "priority", *PRIORITY_RANGE),
+            max_attempts=_integer(name, entry, "max_attempts", 1, None),
+            timeout=_timeout(name, entry.get("timeout")),
+            **timing,
+        )
+    except ValueError as exc:
+        if isinstance(exc, ScheduleError):
+            raise
+        raise ScheduleError(name, str(exc), "cron" if "cron" in entry else "every") from None
+
+
+def _checked_shape(name: Any, entry: Any) -> str:
+    """The name, the entry's keys and its task path checked; returns the task path."""
     if not isinstance(name, str) or not name.strip() or len(name) > NAME_MAX:
         raise ScheduleError(
             name, f"a schedule name must be a non-blank string of 1-{NAME_MAX} characters."
@@ -143,6 +146,11 @@ def parse_schedule(name: Any, entry: Any, *, default_timezone: str = "UTC") -> S
             f"'task' must be a dotted path such as 'myapp.jobs.send_report', not {task!r}.",
             "task",
         )
+    return task
+
+
+def _timing(name: str, entry: Mapping[str, Any], default_timezone: str) -> dict[str, Any]:
+    """When the schedule ticks: cron and zone, or every; missed and max_missed."""
     if ("cron" in entry) == ("every" in entry):
         which = "both 'cron' and 'every'" if "cron" in entry else "neither 'cron' nor 'every'"
         raise ScheduleError(
@@ -186,23 +194,8 @@ def parse_schedule(name: Any, entry: Any, *, default_timezone: str = "UTC") -> S
                 name, "'max_missed' must be an integer of at least 1.", "max_missed"
             )
         timing["max_missed"] = max_missed
-    try:
-        return Schedule(
-            name=name,
-            task=task,
-            args=tuple(_json(name, entry, "args", list | tuple, [])),
-            kwargs=_json(name, entry, "kwargs", dict, {}),
-            queue=_queue(name, entry.get("queue")),
-            priority=_integer(name, entry, "priority", *PRIORITY_RANGE),
-            max_attempts=_integer(name, entry, "max_attempts", 1, None),
-            timeout=_timeout(name, entry.get("timeout")),
-            missed=missed,
-            **timing,
-        )
-    except ValueError as exc:
-        if isinstance(exc, ScheduleError):
-            raise
-        raise ScheduleError(name, str(exc), "cron" if "cron" in entry else "every") from None
+    timing["missed"] = missed
+    return timing
 
 
 def is_dotted_path(value: Any) -> TypeGuard[str]:

@@ -17,15 +17,16 @@ from django.db import IntegrityError, router, transaction
 from django.db.models import Max
 from django.utils import timezone
 
+from django_dbqueue.enqueueing import enqueue
 from django_dbqueue.exceptions import InvalidJob
 from django_dbqueue.models import ScheduleTick
-from django_dbqueue.scheduling.config import all_schedules
 from django_dbqueue.scheduling.recurring import (
     Schedule,
     Tick,
     collect_due_ticks,
     next_wakeup,
 )
+from django_dbqueue.scheduling.sources import all_schedules
 
 logger = logging.getLogger("django_dbqueue.scheduling")
 # However far away the next tick is, look again after this long: a clock that jumped
@@ -57,8 +58,6 @@ def enqueue_tick(tick: Tick) -> ScheduleTick | None:
     A job that cannot be enqueued (its task or queue is gone: the system checks say so at
     start) is logged and its tick recorded without a job, so it is not retried every pass.
     """
-    from django_dbqueue.enqueueing import enqueue
-
     schedule = tick.schedule
     using = router.db_for_write(ScheduleTick)
     try:

@@ -33,6 +33,14 @@ def on_job_finished(sender: Any, job: Job, **kwargs: Any) -> None:
     send_finished(job)
 
 
+def run_task(target: Any, job: Job) -> Any:
+    """Run one attempt of the Task ``target`` for ``job`` (the worker's call_job() calls
+    it for Tasks); the framework is imported at the first such call."""
+    from django_dbqueue.tasks.results import run_task as run
+
+    return run(target, job)
+
+
 def on_job_failed(
     sender: Any, job: Job, will_retry: bool, exception: object = None, **kwargs: Any
 ) -> None:
@@ -62,6 +70,11 @@ def ready() -> None:
     is installed."""
     connect_signals()
     register_framework_checks()
+    # Imported here, not above: this package must import before the app registry is
+    # ready (settings may name the backend), and the worker's modules import models.
+    from django_dbqueue.worker import execution
+
+    execution.set_task_runner(run_task)
 
 
 def connect_signals() -> None:

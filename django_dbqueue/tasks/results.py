@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from django_dbqueue.exceptions import TaskNotFound
-from django_dbqueue.registry import resolve
+from django_dbqueue.registry import find, resolve
 from django_dbqueue.tasks.backend import DBQueueBackend, DBQueueTask
 from django_dbqueue.tasks.compat import (
     BaseTaskBackend,
@@ -150,13 +150,12 @@ def run_task(target: object, job: Job) -> Any:
 
 def send_finished(job: Job) -> None:
     """Send the framework's ``task_finished`` for a job that ran a Task (else nothing)."""
-    from django_dbqueue.worker.execution import lookup
-
     try:
-        target, is_task = lookup(job.task)
+        entry = find(job.task)
     except TaskNotFound:
         return
-    if not is_task:
+    target = entry.func
+    if not entry.is_framework_task:
         return  # a plain function: the common case, decided without building anything
     try:
         result = task_result_from_job(job, task_of_job(job, target))

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from django_dbqueue import signals
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Job
-from django_dbqueue.worker import rows, wakeup
+from django_dbqueue.queue import announce
+from django_dbqueue.worker import rows
 from django_dbqueue.worker.liveness import wall_time
 from django_dbqueue.worker.slots import RUNNING, Done, Running, Slot
 
@@ -241,6 +242,6 @@ def settle(remains: Remains) -> Outcome:
         given = Job.objects.give_back(remains.name, rest)
         remains.outcome.given_back += given
         if given:
-            wakeup.notify(settings.QUEUES)
+            announce.notify(settings.QUEUES)
     rows.remove(remains.name)
     return remains.outcome

@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable, Sequence
 
 from django_dbqueue.conf import settings
-from django_dbqueue.scheduling.pausing import PauseWatcher
-from django_dbqueue.scheduling.retention import prune_if_due
-from django_dbqueue.scheduling.ticks import Ticker
+from django_dbqueue.queue.pausing import PauseWatcher
+from django_dbqueue.queue.retention import prune_if_due
+from django_dbqueue.scheduling.ticks import Ticker, prune_ticks
 
 logger = logging.getLogger("django_dbqueue.supervisor")
 # How often a supervisor asks at most whether it is its turn to prune (the database
@@ -47,6 +47,8 @@ class Duties:
         if now >= self._prune_at:
             self._prune_at = now + self._ask_every
             deleted = prune_if_due()
+            if deleted is not None:  # our turn: the old ticks go too
+                prune_ticks()
             if deleted:
                 logger.info(
                     "Retention: deleted %s finished job(s)", deleted, extra={"event": "pruned"}

@@ -20,16 +20,16 @@ class ResultNotSerializable(TypeError):
     """The job returned something that cannot be stored as JSON."""
 
 
-def lookup(path: str) -> tuple[Callable[..., Any], bool]:
-    """(callable, is a Django Tasks task) for a task path, from the task registry.
+# How a Django Tasks ``Task`` runs one attempt for a job: installed by the Tasks room when
+# it is wired in (tasks.ready(), from AppConfig.ready()), so the worker never imports
+# that room. Only the framework makes Tasks, so a Task found in the registry means the
+# framework is installed and ready() has run.
+_task_runner: Callable[[Any, Job], Any] | None = None
 
-    Nothing is imported for the path: a row names its task, and whoever wrote the row
-    must not choose what code is imported. A path the registry does not know (after the
-    task modules were discovered, once per process) raises UnregisteredTask, which no
-    retry can cure: the worker fails the job at once.
-    """
-    entry = registry.find(path)
-    return entry.func, entry.is_framework_task
+
+def set_task_runner(runner: Callable[[Any, Job], Any]) -> None:
+    global _task_runner
+    _task_runner = runner
 
 
 # Results of these types are JSON as they are; anything else is checked by a round trip.
@@ -42,13 +42,16 @@ def call_job(job: Job) -> Any:
     A Django Tasks ``Task`` (an ``@task`` function) runs through the framework: its
     function gets a ``TaskContext`` when it takes one, and ``task_started`` is sent.
     """
-    func, is_task = lookup(job.task)
-    if is_task:
-        from django_dbqueue.tasks.results import run_task
-
-        result = run_task(func, job)
+    # Nothing is imported for the path: a row names its task, and whoever wrote the row
+    # must not choose what code is imported. A path the registry does not know raises
+    # UnregisteredTask, which no retry can cure: the worker fails the job at once.
+    entry = registry.find(job.task)
+    if entry.is_framework_task:
+        if _task_runner is None:
+            raise RuntimeError("Django Tasks is not wired in: AppConfig.ready() has not run")
+        result = _task_runner(entry.func, job)
     else:
-        result = func(*(job.args or []), **(job.kwargs or {}))
+        result = entry.func(*(job.args or []), **(job.kwargs or {}))
     if type(result) in _PLAIN and (
         type(result) is not str or (len(result) <= 1024 and "\x00" not in result)
     ):

@@ -23,7 +23,8 @@ from django.db import connections
 
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Job
-from django_dbqueue.worker import rows, wakeup
+from django_dbqueue.queue import announce
+from django_dbqueue.worker import rows
 from django_dbqueue.worker.connections import TRANSIENT_ERRORS, refresh_connections
 from django_dbqueue.worker.slots import RUNNING, Slot
 
@@ -59,7 +60,7 @@ def recover() -> None:
     """Requeue (or fail) the claimed jobs whose lease ran out: their workers are gone."""
     requeued, failed = Job.objects.recover_expired()
     if requeued:
-        wakeup.notify(settings.QUEUES)
+        announce.notify(settings.QUEUES)
     if requeued or failed:
         logger.warning(
             "Recovered %s job(s) of workers that stopped renewing their leases: %s "

@@ -26,8 +26,9 @@ from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import JobCancelled, RetryJob, UnregisteredTask, WorkerShutdown
 from django_dbqueue.models import Job
 from django_dbqueue.models import WorkerProcess as WorkerRow
+from django_dbqueue.queue import announce
 from django_dbqueue.queue.claim import Claimed
-from django_dbqueue.scheduling.pausing import PauseWatcher
+from django_dbqueue.queue.pausing import PauseWatcher
 from django_dbqueue.worker import rows, wakeup
 from django_dbqueue.worker.connections import (
     TRANSIENT_ERRORS,
@@ -245,7 +246,7 @@ class Worker:
         announcement goes unannounced. Every worker that heard that announcement begins
         a claim no earlier than ``COALESCE`` after hearing it, which is after such a job
         committed: when the claim that came back empty began before then, one more
-        follows at ``heard_at + COALESCE`` (the reasoning is in worker/wakeup.py,
+        follows at ``heard_at + COALESCE`` (the reasoning is in queue/announce.py,
         "Coalescing"). What counts is when the claim began, not when it returned: its
         reads see what was committed when it began.
         """
@@ -537,7 +538,7 @@ class Worker:
             if unstarted:
                 given = self._retry_db(lambda: Job.objects.give_back(self.name, unstarted))
                 self._release(*unstarted)
-                wakeup.notify(self.queues)
+                announce.notify(self.queues)
                 logger.info(
                     "Worker %s: gave back %s unstarted job(s)",
                     self.name,

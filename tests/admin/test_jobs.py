@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from django_dbqueue.admin import bulk
+from django_dbqueue.admin import chunked
 from django_dbqueue.admin import jobs as job_admin
 from django_dbqueue.models import Job, WorkerProcess
 
@@ -205,7 +205,7 @@ def test_delete_asks_first_and_keeps_running_jobs(operator: Client) -> None:
 def test_select_across_applies_to_everything_matching_the_filter(
     operator: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(bulk, "CHUNK_SIZE", 7)  # several chunks
+    monkeypatch.setattr(chunked, "CHUNK_SIZE", 7)  # several chunks
     failed_emails = [make(S.FAILED, queue="emails") for _ in range(30)]
     failed_default = make(S.FAILED, queue="default")
     done_emails = make(S.DONE, queue="emails")

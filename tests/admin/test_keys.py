@@ -13,8 +13,8 @@ from django.utils import timezone
 
 from django_dbqueue import enqueue
 from django_dbqueue.models import ConcurrencyKey, Job
+from django_dbqueue.queue.concurrency import PARKED_UNTIL, release_parked
 from django_dbqueue.queue.finish import cancel_claimed
-from django_dbqueue.queue.keys import PARKED_UNTIL, release_parked
 from tests.admin.test_jobs import CHANGELIST, login, messages_of, post_action, staff
 from tests.support import jobs
 

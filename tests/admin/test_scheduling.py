@@ -10,7 +10,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_dbqueue.models import Job, QueueState, ScheduleTick
-from django_dbqueue.scheduling import pausing
+from django_dbqueue.queue import pausing
 from tests.admin.test_jobs import CHANGELIST, DASHBOARD, XSS, login, make, messages_of, staff
 
 pytestmark = pytest.mark.django_db

@@ -15,6 +15,7 @@ from django.utils import timezone
 from django_dbqueue import enqueue
 from django_dbqueue.exceptions import InvalidJob
 from django_dbqueue.models import ConcurrencyKey, Job
+from django_dbqueue.queue.concurrency import PARKED_UNTIL, release_parked
 from django_dbqueue.queue.finish import (
     cancel_claimed,
     finish_done,
@@ -22,7 +23,6 @@ from django_dbqueue.queue.finish import (
     give_back,
     retry_later,
 )
-from django_dbqueue.queue.keys import PARKED_UNTIL, release_parked
 from testproject.models import Execution
 from tests.support import CURRENT_VENDOR, Processes, jobs, wait_until
 
@@ -242,8 +242,8 @@ def test_a_parked_job_can_be_cancelled_by_the_operator() -> None:
 
 @pytest.mark.django_db
 def test_retention_deletes_the_rows_of_keys_no_waiting_or_running_job_uses() -> None:
-    from django_dbqueue.queue.keys import prune_keys
-    from django_dbqueue.scheduling.retention import prune_if_due
+    from django_dbqueue.queue.concurrency import prune_keys
+    from django_dbqueue.queue.retention import prune_if_due
 
     finished = enqueue(jobs.noop, concurrency_key="finished")
     Job.objects.filter(pk=finished.pk).update(status=S.DONE, finished_at=timezone.now())
@@ -266,7 +266,7 @@ def test_retention_deletes_the_rows_of_keys_no_waiting_or_running_job_uses() -> 
 
 @pytest.mark.django_db
 def test_a_key_whose_row_was_pruned_meanwhile_keeps_its_limit() -> None:
-    from django_dbqueue.queue.keys import prune_keys
+    from django_dbqueue.queue.concurrency import prune_keys
 
     jobs_ = [enqueue(jobs.noop, concurrency_key="late") for _ in range(3)]
     Job.objects.filter(pk__in=[j.pk for j in jobs_]).update(status=S.DONE)
@@ -281,10 +281,10 @@ def test_a_key_whose_row_was_pruned_meanwhile_keeps_its_limit() -> None:
 def test_release_takes_turns_over_more_flagged_keys_than_one_call_reads(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from django_dbqueue.queue import keys as keys_module
+    from django_dbqueue.queue import concurrency as concurrency_module
 
-    monkeypatch.setattr(keys_module, "RELEASE_KEYS_PER_CALL", 2)
-    monkeypatch.setattr(keys_module, "_release_cursor", {})
+    monkeypatch.setattr(concurrency_module, "RELEASE_KEYS_PER_CALL", 2)
+    monkeypatch.setattr(concurrency_module, "_release_cursor", {})
     for key in "abc":
         for _ in range(3):
             enqueue(jobs.noop, concurrency_key=key)
@@ -306,14 +306,14 @@ def claim_statements(keys: int, monkeypatch: pytest.MonkeyPatch) -> int:
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from django_dbqueue.queue import keys as keys_module
+    from django_dbqueue.queue import concurrency as concurrency_module
 
     for n in range(keys):
         for _ in range(2):
             enqueue(jobs.noop, concurrency_key=f"batch:{keys}:{n}")
     # The periodic release before a claim is not what is counted here.
-    monkeypatch.setattr(keys_module, "_last_release", {"default": time.monotonic()})
-    monkeypatch.setattr(keys_module, "RELEASE_INTERVAL", 3600.0)
+    monkeypatch.setattr(concurrency_module, "_last_release", {"default": time.monotonic()})
+    monkeypatch.setattr(concurrency_module, "RELEASE_INTERVAL", 3600.0)
     with CaptureQueriesContext(connection) as queries:
         claimed = claim(n=2 * keys)
     assert len(claimed) == keys, "one job of each key; the other one parks"
@@ -378,7 +378,7 @@ def test_a_batch_locks_its_key_rows_in_key_order() -> None:
 
     from django.db import connection, connections, transaction
 
-    from django_dbqueue.queue.keys import lock_keys
+    from django_dbqueue.queue.concurrency import lock_keys
 
     keys = [f"order:{n:03d}" for n in range(100)]
     # Inserted backwards, so that the id order is the reverse of the key order.

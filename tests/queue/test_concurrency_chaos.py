@@ -18,7 +18,7 @@ import pytest
 from django_dbqueue import enqueue_many
 from django_dbqueue.models import ConcurrencyKey, Job
 from django_dbqueue.models import WorkerProcess as WorkerRow
-from django_dbqueue.queue.keys import PARKED_UNTIL
+from django_dbqueue.queue.concurrency import PARKED_UNTIL
 from tests.support import Processes, jobs
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]

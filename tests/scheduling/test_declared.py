@@ -15,7 +15,7 @@ from django_dbqueue import job, registry
 from django_dbqueue.checks import check_scheduled_tasks
 from django_dbqueue.exceptions import ScheduleError
 from django_dbqueue.models import Job
-from django_dbqueue.scheduling.config import all_schedules
+from django_dbqueue.scheduling.sources import all_schedules
 from django_dbqueue.scheduling.ticks import Ticker
 from tests.support import jobs
 

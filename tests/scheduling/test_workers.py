@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from django_dbqueue import enqueue_many
 from django_dbqueue.models import Job, ScheduleTick
-from django_dbqueue.scheduling import pausing
+from django_dbqueue.queue import pausing
 from tests.support import CURRENT_VENDOR, Processes, grow_by_copying, jobs, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]

@@ -63,12 +63,12 @@ def test_bench_reports_every_figure_as_json() -> None:
 
 @pytest.mark.only_vendor("mysql", "postgresql")
 def test_raw_loops_do_the_queues_work_with_the_driver_alone() -> None:
-    from django_dbqueue.worker import baseline
+    from django_dbqueue.bench import baseline
 
     assert baseline.raw_enqueue_single(20) > 0
     inserted = list(Job.objects.values_list("task", "status", "queue", "args", "kwargs"))
     # The replayed INSERT is enqueue()'s own: the same row as a real no-op enqueue.
-    assert inserted == [("django_dbqueue.worker.bench.noop", "queued", "default", [], {})] * 20
+    assert inserted == [("django_dbqueue.bench.runs.noop", "queued", "default", [], {})] * 20
     Job.objects.all().delete()
     assert baseline.raw_enqueue_bulk(2500) > 0
     assert Job.objects.filter(status=Job.Status.QUEUED).count() == 2500

@@ -15,6 +15,7 @@ from django.test import override_settings
 from django_dbqueue import enqueue, enqueue_many
 from django_dbqueue.models import Job
 from django_dbqueue.models import WorkerProcess as WorkerRow
+from django_dbqueue.queue import announce
 from django_dbqueue.worker import wakeup
 from django_dbqueue.worker.loop import Worker
 from tests.support import CURRENT_VENDOR, Processes, jobs, wait_until
@@ -83,9 +84,9 @@ def test_projects_sharing_redis_under_other_key_prefixes_do_not_wake_each_other(
         assert listener is not None
         try:
             with override_settings(CACHES={**settings.CACHES, "redis": other}):
-                wakeup.notify(["default"])
+                announce.notify(["default"])
             assert not listener.wait(0.3), "another project's job does not wake us"
-            wakeup.notify(["default"])
+            announce.notify(["default"])
             assert listener.wait(2.0)
         finally:
             listener.close()
@@ -158,12 +159,12 @@ def subscriber() -> Iterator[Callable[[], list[str]]]:
         params.pop("cursor_factory", None)
         params.pop("context", None)
         with psycopg.connect(**params, autocommit=True) as conn:
-            conn.execute(f"LISTEN {wakeup.CHANNEL}")
+            conn.execute(f"LISTEN {announce.CHANNEL}")
             yield lambda: [n.payload for n in conn.notifies(timeout=0.5)]
         return
-    pubsub = wakeup._redis("redis").pubsub()
+    pubsub = announce.redis_client("redis").pubsub()
     try:
-        pubsub.subscribe(wakeup._redis_channel(wakeup.CHANNEL))
+        pubsub.subscribe(announce.redis_channel(announce.CHANNEL))
         confirmation = pubsub.get_message(timeout=5.0)
         assert confirmation is not None and confirmation["type"] == "subscribe"
 
@@ -183,10 +184,10 @@ def test_a_tight_loop_announces_far_fewer_jobs_than_it_enqueues(
 ) -> None:
     # A window many enqueues long even on a loaded machine under coverage (5 ms an
     # enqueue was seen on PostgreSQL: with the 10 ms window, half of them announced).
-    monkeypatch.setattr(wakeup, "COALESCE", 0.05)
+    monkeypatch.setattr(announce, "COALESCE", 0.05)
     count = 300
     with settings_with(), subscriber() as received:
-        time.sleep(3 * wakeup.COALESCE)  # nothing of an earlier test counts
+        time.sleep(3 * announce.COALESCE)  # nothing of an earlier test counts
         started = time.monotonic()
         for _ in range(count):
             enqueue(jobs.noop)
@@ -194,10 +195,10 @@ def test_a_tight_loop_announces_far_fewer_jobs_than_it_enqueues(
         heard = received()
         # Redis: at most one PUBLISH per COALESCE. PostgreSQL: one pg_notify per half
         # window from the INSERTs, and one more per window from commits that came late.
-        assert 1 <= len(heard) <= 2 * elapsed / wakeup.COALESCE + 2, (len(heard), elapsed)
+        assert 1 <= len(heard) <= 2 * elapsed / announce.COALESCE + 2, (len(heard), elapsed)
         assert len(heard) < count / 2, (len(heard), elapsed)
         assert set(heard) == {"default"}
-        time.sleep(3 * wakeup.COALESCE)
+        time.sleep(3 * announce.COALESCE)
         enqueue(jobs.noop)
         assert received() == ["default"], "a job after a pause is announced"
         enqueue(jobs.noop, queue="emails")
@@ -207,7 +208,7 @@ def test_a_tight_loop_announces_far_fewer_jobs_than_it_enqueues(
 def test_an_announcement_counts_once_committed_and_a_late_commit_announces(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(wakeup, "COALESCE", 1.0)  # a window wide enough to watch
+    monkeypatch.setattr(announce, "COALESCE", 1.0)  # a window wide enough to watch
     with settings_with(), subscriber() as received:
         time.sleep(1.1)
         enqueue(jobs.noop)

@@ -1,4 +1,4 @@
-"""``manage.py dbqueue_queue pause|resume|list [QUEUE]``: a shell over scheduling/pausing.py."""
+"""``manage.py dbqueue_queue pause|resume|list [QUEUE]``: a shell over queue/pausing.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import InvalidJob
 from django_dbqueue.models import Job
-from django_dbqueue.scheduling import pausing
+from django_dbqueue.queue import pausing
 
 
 class Command(BaseCommand):

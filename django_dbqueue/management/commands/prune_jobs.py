@@ -1,4 +1,4 @@
-"""``manage.py prune_jobs``: delete old finished jobs now (scheduling/retention.py)."""
+"""``manage.py prune_jobs``: delete old finished jobs now (queue/retention.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from django_dbqueue.management.commands.run_jobs import positive_int
-from django_dbqueue.scheduling import retention
+from django_dbqueue.queue import retention
 from django_dbqueue.status import FINISHED
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

@@ -5,7 +5,8 @@ Each batch reads up to ``PRUNE_BATCH_SIZE`` ids along the history index
 primary key, so no DELETE scans a range or holds its locks for long
 (InnoDB locks every index record a DELETE reads). Workers prune at most once per
 ``RETENTION_INTERVAL`` across the whole cluster: a :class:`~django_dbqueue.models.Duty`
-row whose ``due_at`` only one of them can move forward.
+row whose ``due_at`` only one of them can move forward. (The scheduling room's old ticks
+go in the same turn: worker/duties.py prunes them when :func:`prune_if_due` ran.)
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ from django.utils import timezone
 
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Duty, Job
-from django_dbqueue.queue.keys import prune_keys
-from django_dbqueue.scheduling.ticks import prune_ticks
+from django_dbqueue.queue.concurrency import prune_keys
 from django_dbqueue.status import CANCELLED, DONE, FAILED
 
 # Done jobs are most of the table and what an operator needs least: a day is enough to
@@ -197,7 +197,6 @@ def prune_if_due(max_seconds: float = 0.5) -> int | None:
         on_batch=_log_batch,
         pause=TURN_PAUSE,
     )
-    prune_ticks(now)
     # Concurrency keys no waiting or running job uses, in what is left of the turn.
     left = max(0.0, max_seconds - (time.monotonic() - started))
     if complete and left > 0:

@@ -23,8 +23,10 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from django.apps import apps
 from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from django_dbqueue.queue.dialects import (
@@ -38,9 +40,16 @@ from django_dbqueue.queue.dialects import (
 from django_dbqueue.status import CLAIMED, QUEUED
 
 if TYPE_CHECKING:
-    from django_dbqueue.models import Job
+    from django_dbqueue.models import ConcurrencyKey, Job
 
 logger = logging.getLogger("django_dbqueue.keys")
+
+
+def _key_rows() -> type[ConcurrencyKey]:
+    # From the app registry: models.py stands on the queue room (its manager is
+    # queue/manager.py), so the queue's modules do not import it.
+    return apps.get_model("django_dbqueue", "ConcurrencyKey")
+
 
 # Far beyond any run_after enqueue() accepts, inside every database's datetime range.
 PARKED_UNTIL = datetime(9000, 1, 1, tzinfo=UTC)
@@ -91,10 +100,9 @@ def _select_keys(conn: BaseDatabaseWrapper, keys: Sequence[str], lock: bool) -> 
 
 def ensure_keys(using: str, keys: Sequence[str]) -> None:
     """Create the ConcurrencyKey rows of ``keys`` that do not exist yet."""
-    from django_dbqueue.models import ConcurrencyKey
-
-    ConcurrencyKey.objects.using(using).bulk_create(
-        [ConcurrencyKey(key=key) for key in sorted(set(keys))], ignore_conflicts=True
+    rows = _key_rows()
+    rows.objects.using(using).bulk_create(
+        [rows(key=key) for key in sorted(set(keys))], ignore_conflicts=True
     )
 
 
@@ -187,11 +195,9 @@ def release_parked(model: type[Job], using: str, lock: bool, force: bool = False
     if not force and now_mono - _last_release.get(using, -RELEASE_INTERVAL) < RELEASE_INTERVAL:
         return 0
     _last_release[using] = now_mono
-    from django_dbqueue.models import ConcurrencyKey
-
     # Round the flagged keys: a call starts after the last key the previous one looked
     # at, so with more flagged keys than RELEASE_KEYS_PER_CALL none waits on the others.
-    flagged = ConcurrencyKey.objects.using(using).filter(parked=True).order_by("key")
+    flagged = _key_rows().objects.using(using).filter(parked=True).order_by("key")
     after = _release_cursor.get(using, "")
     keys = list(flagged.filter(key__gt=after).values_list("key", flat=True)[:RELEASE_KEYS_PER_CALL])
     if len(keys) < RELEASE_KEYS_PER_CALL and after:
@@ -312,13 +318,10 @@ def prune_keys(using: str, batch_size: int, max_seconds: float | None = None) ->
     A job enqueued meanwhile finds its key's row gone: the claim makes it again
     (:func:`_lock_key`), so a row deleted a moment too early costs one INSERT.
     """
-    from django.db.models import Exists, OuterRef
-
-    from django_dbqueue.models import ConcurrencyKey, Job
-
     deadline = None if max_seconds is None else time.monotonic() + max_seconds
-    keys = ConcurrencyKey.objects.using(using)
-    active = Job.objects.using(using).filter(
+    keys = _key_rows().objects.using(using)
+    job_model = apps.get_model("django_dbqueue", "Job")
+    active = job_model.objects.using(using).filter(
         concurrency_key=OuterRef("key"), status__in=[QUEUED, CLAIMED]
     )
     deleted, last = 0, 0

@@ -1,4 +1,5 @@
-"""The benchmark behind ``manage.py dbqueue_bench``: no-op jobs on the configured database."""
+"""The benchmark's measurements: enqueue, drain, pickup latency, a drain beside a large
+history and beside the supervisors' duties, with no-op jobs on the configured database."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from django.utils import timezone
 from django_dbqueue.bulk import enqueue_many
 from django_dbqueue.conf import settings
 from django_dbqueue.enqueueing import enqueue, new_job
-from django_dbqueue.models import Job
+from django_dbqueue.models import Duty, Job, ScheduleTick
 from django_dbqueue.registry import job
 from django_dbqueue.worker.loop import Worker
 from django_dbqueue.worker.supervisor import Supervisor
@@ -266,7 +267,7 @@ def fill_history(
         batch = [
             new_job(
                 {
-                    "task": "django_dbqueue.worker.bench.noop",
+                    "task": "django_dbqueue.bench.runs.noop",
                     "status": Job.Status.DONE,
                     "owner": "bench-history",
                     "created_at": finished - timedelta(seconds=rows - done - i),
@@ -316,8 +317,6 @@ IDLE_DUTIES: dict[str, Any] = {
 def _settle(using: str) -> None:
     """Between the arms: no leftover ticks or turns, and on PostgreSQL no dead rows from
     the arm before (this benchmark deletes and refills hundreds of thousands of rows)."""
-    from django_dbqueue.models import Duty, ScheduleTick
-
     ScheduleTick.objects.using(using).all().delete()
     Duty.objects.using(using).all().delete()
     Job.objects.using(using).all().delete()

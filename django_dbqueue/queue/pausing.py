@@ -3,7 +3,7 @@
 The switch is a row per queue (:class:`~django_dbqueue.models.QueueState`), so it survives
 restarts and every worker on every host sees it. Workers read the paused set at most once
 per ``POLL_INTERVAL`` (:class:`PauseWatcher`), which bounds how long a busy worker keeps
-claiming from a queue after it was paused. With a wake-up channel (worker/wakeup.py) a
+claiming from a queue after it was paused. With a wake-up channel (queue/announce.py) a
 pause or resume is also announced on commit: every worker re-reads the paused set before
 its next claim, and idle ones wake to do so.
 """

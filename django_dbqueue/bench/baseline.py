@@ -23,13 +23,13 @@ from typing import Any
 from django.db import connections, router
 from django.utils import timezone
 
+from django_dbqueue.bench.runs import noop, wait_for_purge
 from django_dbqueue.bulk import enqueue_many
 from django_dbqueue.enqueueing import enqueue
 from django_dbqueue.models import Job
 from django_dbqueue.queue.claim import row_reader
 from django_dbqueue.queue.dialects import by_id_only, has_json_table, ids_in, placeholders
 from django_dbqueue.status import CLAIMED, DONE, QUEUED
-from django_dbqueue.worker.bench import noop, wait_for_purge
 
 BULK_ROWS = 1000  # rows per INSERT, as enqueue_many's default batch
 RAW_OWNER = "dbqueue-bench-raw"

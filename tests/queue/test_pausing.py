@@ -10,7 +10,7 @@ from django.core.management import CommandError, call_command
 from django_dbqueue import enqueue
 from django_dbqueue.exceptions import InvalidJob
 from django_dbqueue.models import Job, QueueState
-from django_dbqueue.scheduling import pausing
+from django_dbqueue.queue import pausing
 from django_dbqueue.worker.loop import Worker
 from tests.support import jobs
 

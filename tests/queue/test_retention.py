@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_dbqueue.models import Duty, Job
-from django_dbqueue.scheduling import retention
+from django_dbqueue.queue import retention
 from tests.support import jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
