@@ -19,7 +19,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import Q
 from django.utils import timezone
 
-from django_dbqueue.admin.bulk import apply_in_chunks
+from django_dbqueue.admin.chunked import apply_in_chunks
 from django_dbqueue.management.commands.prune_jobs import duration
 from django_dbqueue.management.commands.run_jobs import positive_int
 from django_dbqueue.models import Job
