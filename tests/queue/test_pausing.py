@@ -45,15 +45,18 @@ def test_unknown_queue_is_refused_and_nothing_is_written() -> None:
 
 
 def test_command_pauses_lists_and_resumes() -> None:
-    enqueue(jobs.add, args=[1, 2], queue="emails")
+    waiting = enqueue(jobs.add, args=[1, 2], queue="emails")
     assert run("pause", "emails") == "Queue 'emails' is now paused.\n"
     assert run("pause", "emails") == "Queue 'emails' was already paused.\n"
     lines = run("list").splitlines()
-    assert [line.split() for line in lines] == [
-        ["default", "running", "0", "queued"],
-        ["emails", "paused", "1", "queued"],
-        ["reports", "running", "0", "queued"],
+    assert lines[0].split() == ["queue", "state", "queued", "running", "lag"]
+    rows = [line.split() for line in lines[1:]]
+    assert [row[:5] for row in rows] == [
+        ["default", "running", "0", "0", "-"],
+        ["emails", "paused", "1", "0", rows[1][4]],
+        ["reports", "running", "0", "0", "-"],
     ]
+    assert float(rows[1][4]) >= 0 and rows[1][5:] == ["s", "(job", f"#{waiting.pk})"]
     assert run("resume", "emails") == "Queue 'emails' is now running.\n"
 
 

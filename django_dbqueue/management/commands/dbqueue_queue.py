@@ -7,15 +7,23 @@ import socket
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import router
+from django.utils import timezone
 
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import InvalidJob
 from django_dbqueue.models import Job
-from django_dbqueue.queue import pausing
+from django_dbqueue.queue import counts, pausing
+from django_dbqueue.status import CLAIMED, QUEUED
+
+COUNT_LIMIT = 10_000  # counts stop here, as the dashboard's do
 
 
 class Command(BaseCommand):
-    help = "Pause or resume a queue (workers stop or start claiming from it), or list queues."
+    help = (
+        "Pause or resume a queue (workers stop or start claiming from it), or list the "
+        "queues with their state, depth and lag."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("action", choices=["pause", "resume", "list"])
@@ -39,11 +47,23 @@ class Command(BaseCommand):
             self.stdout.write(f"Queue {queue!r} was already {state}.")
 
     def _list(self) -> None:
-        paused = pausing.paused_queues()
-        width = max(len(q) for q in settings.QUEUES)
-        for queue in settings.QUEUES:
-            waiting = Job.objects.filter(queue=queue, status=Job.Status.QUEUED).order_by()
-            count = waiting[:10_001].count()
-            label = f"{count:,}" if count <= 10_000 else "more than 10,000"
+        """Each queue: paused or running, its depth (capped counts) and its lag (how long
+        its oldest runnable job has been waiting), in the dashboard's bounded queries."""
+        queues, paused, now = list(settings.QUEUES), pausing.paused_queues(), timezone.now()
+        using = router.db_for_write(Job)
+        counted = counts.capped_counts(Job, using, queues, [QUEUED, CLAIMED], COUNT_LIMIT)
+        oldest = counts.oldest_runnable(Job, using, queues, now)
+        width = max(len(q) for q in queues)
+        self.stdout.write(f"{'queue':<{width}}  state     queued  running  lag")
+        for queue in queues:
             state = "paused" if queue in paused else "running"
-            self.stdout.write(f"{queue:<{width}}  {state:<7}  {label} queued")
+            depth = [capped(counted.get((queue, status), 0)) for status in (QUEUED, CLAIMED)]
+            lag = "-"
+            if queue in oldest:
+                job_id, run_after = oldest[queue]
+                lag = f"{max(0.0, (now - run_after).total_seconds()):.1f} s (job #{job_id})"
+            self.stdout.write(f"{queue:<{width}}  {state:<7} {depth[0]:>8} {depth[1]:>8}  {lag}")
+
+
+def capped(count: int) -> str:
+    return f"{count:,}" if count <= COUNT_LIMIT else f">{COUNT_LIMIT:,}"
