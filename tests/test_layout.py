@@ -21,9 +21,10 @@ PACKAGE = ROOT / "django_dbqueue"
 BELOW = {
     "queue": set(),
     "scheduling": {"queue"},
-    "worker": {"queue", "scheduling"},
-    "admin": {"queue", "worker", "scheduling"},
-    "tasks": {"queue", "worker"},
+    "observability": {"queue", "scheduling"},
+    "worker": {"queue", "scheduling", "observability"},
+    "admin": {"queue", "worker", "scheduling", "observability"},
+    "tasks": {"queue", "worker", "observability"},
     "locks": set(),
 }
 

@@ -14,6 +14,7 @@ from django_dbqueue import bounds, registry
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import InvalidJob, JobTimeout
 from django_dbqueue.models import Job
+from django_dbqueue.observability import hooks
 
 
 class ResultNotSerializable(TypeError):
@@ -41,7 +42,15 @@ def call_job(job: Job) -> Any:
 
     A Django Tasks ``Task`` (an ``@task`` function) runs through the framework: its
     function gets a ``TaskContext`` when it takes one, and ``task_started`` is sent.
+    With tracing or metrics on, it runs inside their wrappers (observability/hooks.py).
     """
+    if hooks.active():
+        with hooks.around(job):
+            return _call(job)
+    return _call(job)
+
+
+def _call(job: Job) -> Any:
     func, is_task = lookup(job.task)
     if is_task:
         from django_dbqueue.tasks.results import run_task

@@ -1,0 +1,222 @@
+"""The workers' Prometheus metrics, served by ``run_jobs --metrics-port`` for the host.
+
+prometheus_client's multiprocess mode: :func:`serve` (in the supervisor, before it forks
+its children) makes a directory for this run, points ``PROMETHEUS_MULTIPROC_DIR`` at it
+and creates the metrics; every process then counts into memory-mapped files of its own
+there (no database write, no message per job), and the supervisor's HTTP server adds
+them up at each scrape. Gauges of processes that are gone are dropped at the next
+scrape; their counters stay, so totals never go back. The directory is removed when the
+run ends.
+
+Counted through the signals (outcomes as recorded: done, failed, retried, died), the
+claim signal, and :mod:`.hooks` around each job's call (running jobs, run time, wait
+time, and the outcomes no signal reports: a ``RetryJob`` deferral, a cancel).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import values as prometheus_values
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+from prometheus_client.registry import Collector
+
+from django_dbqueue import signals
+from django_dbqueue.exceptions import JobCancelled, RetryJob
+from django_dbqueue.models import Job
+from django_dbqueue.observability import hooks
+
+# Seconds: from a millisecond job to a long report, and waits up to an hour's backlog.
+RUN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
+WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+OUTCOMES = ("done", "failed", "retried", "cancelled", "died")
+UID = "django_dbqueue.observability.metrics"
+
+
+@dataclass
+class WorkerMetrics:
+    """The metric objects; names as exposed (docs/observability.md lists them)."""
+
+    finished: Counter
+    run_seconds: Histogram
+    wait_seconds: Histogram
+    running: Gauge
+    claims: Counter
+    empty_claims: Counter
+
+    @classmethod
+    def create(cls) -> WorkerMetrics:
+        job = ("queue", "task")
+        return cls(
+            finished=Counter(
+                "dbqueue_jobs_finished_total",
+                "Jobs whose attempt ended, by outcome (done, failed, retried, cancelled, died).",
+                [*job, "outcome"],
+                registry=None,
+            ),
+            run_seconds=Histogram(
+                "dbqueue_job_run_seconds",
+                "Time a job's code ran.",
+                job,
+                buckets=RUN_BUCKETS,
+                registry=None,
+            ),
+            wait_seconds=Histogram(
+                "dbqueue_job_wait_seconds",
+                "Time from a job's run_after (its enqueue, or its retry time) to its start.",
+                job,
+                buckets=WAIT_BUCKETS,
+                registry=None,
+            ),
+            running=Gauge(
+                "dbqueue_jobs_running",
+                "Jobs running now in this host's workers.",
+                ["queue"],
+                multiprocess_mode="livesum",
+                registry=None,
+            ),
+            claims=Counter("dbqueue_claims_total", "Claims the workers made.", registry=None),
+            empty_claims=Counter(
+                "dbqueue_empty_claims_total", "Claims that found no job to take.", registry=None
+            ),
+        )
+
+    def all(self) -> Iterable[Any]:
+        return (
+            self.finished,
+            self.run_seconds,
+            self.wait_seconds,
+            self.running,
+            self.claims,
+            self.empty_claims,
+        )
+
+
+class _Receivers:
+    """The signal receivers and the call wrapper, bound to one run's metrics."""
+
+    def __init__(self, metrics: WorkerMetrics) -> None:
+        self.metrics = metrics
+        # The supervisor runs no job's code: a failure it reports is a child's death.
+        self.supervisor_pid = os.getpid()
+
+    def finished(self, sender: Any, job: Job, **kwargs: Any) -> None:
+        self.metrics.finished.labels(job.queue, job.task, "done").inc()
+
+    def failed(self, sender: Any, job: Job, will_retry: bool = False, **kwargs: Any) -> None:
+        if os.getpid() == self.supervisor_pid:
+            outcome = "died"
+        else:
+            outcome = "retried" if will_retry else "failed"
+        self.metrics.finished.labels(job.queue, job.task, outcome).inc()
+
+    def claimed(self, sender: Any, jobs: list[Job], **kwargs: Any) -> None:
+        self.metrics.claims.inc()
+        if not jobs:
+            self.metrics.empty_claims.inc()
+
+    @contextmanager
+    def timed(self, job: Job) -> Iterator[None]:
+        metrics = self.metrics
+        queue, task = job.queue, job.task
+        began = time.monotonic()
+        metrics.wait_seconds.labels(queue, task).observe(
+            max(0.0, time.time() - job.run_after.timestamp())
+        )
+        running = metrics.running.labels(queue)
+        running.inc()
+        try:
+            yield
+        except RetryJob:
+            metrics.finished.labels(queue, task, "retried").inc()
+            raise
+        except JobCancelled:
+            metrics.finished.labels(queue, task, "cancelled").inc()
+            raise
+        finally:
+            running.dec()
+            metrics.run_seconds.labels(queue, task).observe(time.monotonic() - began)
+
+    def connect(self) -> None:
+        signals.job_finished.connect(self.finished, dispatch_uid=f"{UID}.finished")
+        signals.job_failed.connect(self.failed, dispatch_uid=f"{UID}.failed")
+        signals.jobs_claimed.connect(self.claimed, dispatch_uid=f"{UID}.claimed")
+        hooks.add(self.timed)
+
+    def disconnect(self) -> None:
+        signals.job_finished.disconnect(dispatch_uid=f"{UID}.finished")
+        signals.job_failed.disconnect(dispatch_uid=f"{UID}.failed")
+        signals.jobs_claimed.disconnect(dispatch_uid=f"{UID}.claimed")
+        hooks.remove(self.timed)
+
+
+class HostCollector(Collector):
+    """Every process's files of the run directory, added up; the live gauges of
+    processes that have exited are dropped first (``mark_process_dead``)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.inner = MultiProcessCollector(None, path=path)  # type: ignore[no-untyped-call]
+
+    def collect(self) -> Iterable[Any]:
+        for name in glob.glob(os.path.join(self.path, "gauge_live*_*.db")):
+            pid = int(name.rsplit("_", 1)[1].removesuffix(".db"))
+            if not _alive(pid):
+                mark_process_dead(pid, self.path)  # type: ignore[no-untyped-call]
+        found: Iterable[Any] = self.inner.collect()  # type: ignore[no-untyped-call]
+        return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A child that exited but is not reaped yet is a zombie: gone for our purposes.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+class Server:
+    """The metrics of one ``run_jobs`` run and the HTTP server that shows them."""
+
+    def __init__(self, port: int, address: str = "0.0.0.0") -> None:
+        self.directory = tempfile.mkdtemp(prefix="dbqueue-metrics-")
+        self._previous_env = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        self._previous_class = prometheus_values.ValueClass
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.directory
+        # Chosen when prometheus_client is imported: choose again, now that the
+        # directory is set (metrics made from here on, ours and the jobs', count in it).
+        prometheus_values.ValueClass = prometheus_values.MultiProcessValue()  # type: ignore[no-untyped-call]
+        self.metrics = WorkerMetrics.create()
+        self.receivers = _Receivers(self.metrics)
+        self.receivers.connect()
+        registry = CollectorRegistry()
+        registry.register(HostCollector(self.directory))
+        self.httpd, self.thread = start_http_server(port, address, registry=registry)
+        self.port = int(self.httpd.server_port)
+
+    def close(self) -> None:
+        self.receivers.disconnect()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        prometheus_values.ValueClass = self._previous_class
+        if self._previous_env is None:
+            os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        else:
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = self._previous_env
+        shutil.rmtree(self.directory, ignore_errors=True)
