@@ -90,7 +90,7 @@ class WorkerMetrics:
             ),
         )
 
-    def all(self) -> Iterable[Any]:
+    def all(self) -> tuple[Any, ...]:
         return (
             self.finished,
             self.run_seconds,
