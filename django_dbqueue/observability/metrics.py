@@ -214,6 +214,7 @@ class Server:
         self.receivers.disconnect()
         self.httpd.shutdown()
         self.httpd.server_close()
+        self.thread.join(timeout=5)  # gone before anything else forks this process
         prometheus_values.ValueClass = self._previous_class
         if self._previous_env is None:
             os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
