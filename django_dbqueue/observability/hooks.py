@@ -1,8 +1,9 @@
 """What wraps each job's call in the worker: the tracing span and the metrics' timers.
 
 ``worker/execution.call_job`` asks :func:`active` before each job; with neither tracing
-nor metrics on, that is all it costs. The metrics register their wrapper here
-(:mod:`.metrics`, in the supervisor before it forks, so every child inherits it).
+(a tracer provider set) nor metrics on, that is all it costs. The metrics register their
+wrapper here (:mod:`.metrics`, in the supervisor before it forks, so every child
+inherits it).
 """
 
 from __future__ import annotations
@@ -33,14 +34,14 @@ def remove(wrapper: Wrapper) -> None:
 
 def active() -> bool:
     """Does anything wrap a job's call (a tracer, the metrics)?"""
-    return bool(_wrappers) or tracing.api() is not None
+    return bool(_wrappers) or tracing.recording() is not None
 
 
 @contextmanager
 def around(job: Job) -> Iterator[None]:
     """Run the block inside the job's span (outermost) and every registered wrapper."""
     with ExitStack() as stack:
-        if tracing.api() is not None:
+        if tracing.recording() is not None:
             stack.enter_context(tracing.job_span(job))
         for wrapper in list(_wrappers):
             stack.enter_context(wrapper(job))

@@ -49,6 +49,19 @@ def _enabled() -> ModuleType | None:
 api = PerSettings(_enabled)
 
 
+def recording() -> ModuleType | None:
+    """``opentelemetry.trace`` when spans would be recorded: tracing on and a tracer
+    provider set (an SDK configured). With the API alone every span is a no-op, and the
+    worker skips making one."""
+    trace = api()
+    if trace is None:
+        return None
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
+        return None
+    return trace
+
+
 def current_traceparent() -> str | None:
     """The W3C ``traceparent`` of the current span, or None (no valid span, tracing off)."""
     trace = api()
@@ -85,7 +98,7 @@ def job_span(job: Job) -> Iterator[None]:
     An exception leaving the block is recorded on the span (status ERROR) and re-raised.
     Without tracing, the block just runs.
     """
-    trace = api()
+    trace = recording()
     if trace is None:
         yield
         return

@@ -39,7 +39,9 @@ loaded = sorted(
     name for name, module in sys.modules.items()
     if module is not None and name.split(".")[0] in ("prometheus_client", "opentelemetry")
 )
+from django_dbqueue.observability import hooks
 print(json.dumps({
+    "active": hooks.active(),
     "done": Job.objects.filter(status="done").count(),
     "traced": Job.objects.exclude(trace_context=None).count(),
     "loaded": loaded,
@@ -64,7 +66,24 @@ def test_no_import_and_no_cost(
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert report == {"done": 2, "traced": 0, "loaded": []}
+    assert report == {"active": False, "done": 2, "traced": 0, "loaded": []}
+
+
+def test_the_api_without_an_sdk_makes_no_span(worker_env: Callable[..., dict[str, str]]) -> None:
+    """opentelemetry-api installed, no tracer provider set: nothing wraps a job's call,
+    and jobs enqueued outside any span carry no trace."""
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, "installed"],
+        cwd=ROOT,
+        env={**worker_env(), "DJANGO_SETTINGS_MODULE": "testproject.settings"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["loaded"] and not report["active"]
+    assert (report["done"], report["traced"]) == (2, 0)
 
 
 def test_metrics_port_without_prometheus_client_says_what_to_install(
