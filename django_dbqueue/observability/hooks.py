@@ -1,7 +1,7 @@
 """What wraps each job's call in the worker: the tracing span and the metrics' timers.
 
-``worker/execution.call_job`` asks :func:`active` before each job; with neither tracing
-(a tracer provider set) nor metrics on, that is all it costs. The metrics register their
+``worker/execution.call_job`` asks :func:`around` for each job; with neither tracing (a
+tracer provider set) nor metrics on, that is all it costs. The metrics register their
 wrapper here (:mod:`.metrics`, in the supervisor before it forks, so every child
 inherits it).
 """
@@ -32,16 +32,22 @@ def remove(wrapper: Wrapper) -> None:
         _wrappers.remove(wrapper)
 
 
-def active() -> bool:
-    """Does anything wrap a job's call (a tracer, the metrics)?"""
-    return bool(_wrappers) or tracing.recording() is not None
+def around(job: Job) -> AbstractContextManager[Any] | None:
+    """What to run the job's call in, or None when nothing wraps it."""
+    traced = tracing.recording() is not None
+    if not traced:
+        if not _wrappers:
+            return None
+        if len(_wrappers) == 1:
+            return _wrappers[0](job)
+    return _stacked(job, traced)
 
 
 @contextmanager
-def around(job: Job) -> Iterator[None]:
-    """Run the block inside the job's span (outermost) and every registered wrapper."""
+def _stacked(job: Job, traced: bool) -> Iterator[None]:
+    """The job's span (outermost), then every registered wrapper."""
     with ExitStack() as stack:
-        if tracing.recording() is not None:
+        if traced:
             stack.enter_context(tracing.job_span(job))
         for wrapper in list(_wrappers):
             stack.enter_context(wrapper(job))

@@ -13,6 +13,7 @@ costs one cached lookup.
 from __future__ import annotations
 
 import importlib
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import ModuleType
@@ -49,17 +50,35 @@ def _enabled() -> ModuleType | None:
 api = PerSettings(_enabled)
 
 
+# Whether a tracer provider was seen set, and when to look again while none is: asking
+# costs an environment lookup, and a provider, once set, stays (the API sets one once).
+_provider = {"set": False, "look_at": 0.0}
+LOOK_INTERVAL = 1.0
+
+
 def recording() -> ModuleType | None:
     """``opentelemetry.trace`` when spans would be recorded: tracing on and a tracer
     provider set (an SDK configured). With the API alone every span is a no-op, and the
-    worker skips making one."""
+    worker skips making one. A provider set later is seen within ``LOOK_INTERVAL``."""
     trace = api()
     if trace is None:
         return None
+    if _provider["set"]:
+        return trace
+    now = time.monotonic()
+    if now < _provider["look_at"]:
+        return None
+    _provider["look_at"] = now + LOOK_INTERVAL
     provider = trace.get_tracer_provider()
     if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
         return None
+    _provider["set"] = True
     return trace
+
+
+def look_again() -> None:
+    """Look for a tracer provider at the next job (for code that has just set one)."""
+    _provider["look_at"] = 0.0
 
 
 def current_traceparent() -> str | None:

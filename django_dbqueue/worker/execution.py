@@ -44,10 +44,11 @@ def call_job(job: Job) -> Any:
     function gets a ``TaskContext`` when it takes one, and ``task_started`` is sent.
     With tracing or metrics on, it runs inside their wrappers (observability/hooks.py).
     """
-    if hooks.active():
-        with hooks.around(job):
-            return _call(job)
-    return _call(job)
+    wrapped = hooks.around(job)
+    if wrapped is None:
+        return _call(job)
+    with wrapped:
+        return _call(job)
 
 
 def _call(job: Job) -> Any:

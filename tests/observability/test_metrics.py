@@ -92,20 +92,28 @@ def test_worker_metrics_count_the_jobs_of_every_process(
         lambda: Job.objects.filter(status__in=["done", "failed"]).count() == finished,
         timeout=180,
     )
-    # A job that kills its process, once the rest are recorded: a process that dies
-    # between a job's write and its count loses that count (docs/observability.md).
-    enqueue_many([{"task": hostile.exit_hard, "max_attempts": 1}])
-    wait_until(
-        lambda: Job.objects.filter(status__in=["done", "failed"]).count() == finished + 1,
-        timeout=60,
-    )
 
     def counted() -> Samples | None:
         samples, _ = scrape(url)
         done = total(samples, "dbqueue_jobs_finished_total", outcome="done")
         return samples if done == DONE else None
 
-    samples = wait_until(counted, timeout=30)
+    wait_until(counted, timeout=30)
+    # A job that kills its process, once the rest are counted: a child killed loses
+    # what it counted since its last flush, up to a second (docs/observability.md).
+    enqueue_many([{"task": hostile.exit_hard, "max_attempts": 1}])
+    wait_until(
+        lambda: Job.objects.filter(status__in=["done", "failed"]).count() == finished + 1,
+        timeout=60,
+    )
+    samples = wait_until(
+        lambda: (
+            (found := scrape(url)[0])
+            and total(found, "dbqueue_jobs_finished_total", outcome="died") == 1
+            and found
+        ),
+        timeout=30,
+    )
     assert scrape(url)[1] == documented_worker_metrics()
     outcome = "dbqueue_jobs_finished_total"
     assert total(samples, outcome, outcome="done", task=TASK_RECORD) == DONE
@@ -113,11 +121,13 @@ def test_worker_metrics_count_the_jobs_of_every_process(
     assert total(samples, outcome, outcome="retried", task=TASK_FAIL) == RETRIED
     assert total(samples, outcome, outcome="died") == 1
     assert total(samples, outcome) == DONE + FAILING + 2 * RETRIED + 1
-    # Every attempt that started was timed; the dead one's time was never observed.
+    # Every attempt that ended was timed; the dead one's time was never observed.
     attempts = DONE + FAILING + 2 * RETRIED
     assert total(samples, "dbqueue_job_run_seconds_count") == attempts
     assert total(samples, "dbqueue_job_run_seconds_count", queue="default") == attempts
-    assert total(samples, "dbqueue_job_wait_seconds_count") == attempts + 1
+    # The dead job's start was tallied by a process that died before writing it (unless
+    # its flush came in the microseconds between).
+    assert attempts <= total(samples, "dbqueue_job_wait_seconds_count") <= attempts + 1
     assert total(samples, "dbqueue_claims_total") >= 1
     assert total(samples, "dbqueue_empty_claims_total") >= 1
     # The child that died took its "running" with it; the rest have finished.

@@ -38,6 +38,7 @@ def spans() -> Iterator[InMemorySpanExporter]:
         provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
         trace.set_tracer_provider(provider)
+    tracing.look_again()
     _EXPORTER.clear()
     yield _EXPORTER
     _EXPORTER.clear()
