@@ -150,12 +150,12 @@ class Command(BaseCommand):
             # Always a supervisor, even for one process: jobs run in a child that the
             # supervisor can kill and replace, and whose leases no job's code can stall.
             stats = Supervisor(concurrency, worker_options, progress).run()
+            if progress is not None:
+                progress.update(stats, force=True)
+                self.stdout.write(progress.summary(stats))
         finally:
             if server is not None:
-                server.close()
-        if progress is not None:
-            progress.update(stats, force=True)
-            self.stdout.write(progress.summary(stats))
+                server.close()  # last: a final scrape still sees the whole run
 
 
 def _metrics_server(port: int | None) -> Any:
