@@ -35,6 +35,7 @@ from django_dbqueue.enqueueing import (
 )
 from django_dbqueue.exceptions import InvalidJob
 from django_dbqueue.models import Job
+from django_dbqueue.observability import tracing
 from django_dbqueue.queue import announce
 from django_dbqueue.queue.concurrency import ensure_keys
 from django_dbqueue.queue.insert import insert_columns
@@ -149,6 +150,8 @@ class _Validated:
         self.delayed = False  # a job has a run_after of its own
         # id(Shared) -> the attributes of its jobs (Shared values are kept in self.shared)
         self.templates: dict[int, dict[str, Any]] = {}
+        # Every job of the call carries the enqueuing span's trace (observability/tracing).
+        self.trace_context = tracing.current_traceparent()
 
     def batches(
         self, items: Sequence[JobSpec | Mapping[str, Any]], size: int
@@ -235,7 +238,11 @@ class _Validated:
         """(values of every row, values per row) of the jobs from ``start`` on, for
         :func:`insert_columns`."""
         calls = self.calls[start:]
-        values: dict[str, Any] = {"errors": [], "created_at": self.now}
+        values: dict[str, Any] = {
+            "errors": [],
+            "created_at": self.now,
+            "trace_context": self.trace_context,
+        }
         per_row: dict[str, list[Any]] = {
             "args": [call.args_text for call in calls],
             "kwargs": [call.kwargs_text for call in calls],
@@ -303,6 +310,7 @@ class _Validated:
                 "origin_unique_key": None,
                 "concurrency_key": None,
                 "concurrency_limit": None,
+                "trace_context": self.trace_context,
             }
         ).__dict__
         attrs.pop("_state")

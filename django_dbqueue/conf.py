@@ -68,6 +68,21 @@ DEFAULTS: dict[str, Any] = {
     # Recurring jobs: {name: {"task": path, "cron": "0 3 * * *" or "every": seconds, ...}};
     # the keys are listed in docs/scheduling.md.
     "SCHEDULE": {},
+    # Observability (docs/observability.md). METRICS_PORT: run_jobs serves this host's
+    # worker metrics on it (--metrics-port overrides; None: no metrics, prometheus_client
+    # is never imported).
+    "METRICS_PORT": None,
+    "METRICS_ADDRESS": "0.0.0.0",  # the interface it listens on ("127.0.0.1": this host only)
+    # Seconds the cluster metrics view reuses its figures: each scrape of every replica
+    # behind a load balancer would otherwise run its queries.
+    "METRICS_CACHE_SECONDS": 15.0,
+    # Counts of jobs per queue and status stop here (bounded index reads; docs say so).
+    "METRICS_COUNT_LIMIT": 100_000,
+    # A bearer token the cluster metrics view requires (None: the project guards the URL).
+    "METRICS_TOKEN": None,
+    # Carry the enqueuing trace into the job's span when opentelemetry-api is installed;
+    # False: it is never imported.
+    "TRACING": True,
 }
 
 

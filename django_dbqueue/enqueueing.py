@@ -18,6 +18,7 @@ from django_dbqueue import bounds, signals
 from django_dbqueue.conf import PerSettings, settings
 from django_dbqueue.exceptions import InvalidJob, InvalidJobArguments
 from django_dbqueue.models import Job
+from django_dbqueue.observability import tracing
 from django_dbqueue.queue import announce
 from django_dbqueue.queue.concurrency import ensure_keys
 from django_dbqueue.queue.dialects import is_deadlock
@@ -426,6 +427,7 @@ def save_job(job: Job) -> tuple[Job, bool]:
     using = router.db_for_write(Job)
     if job.concurrency_key is not None:
         ensure_keys(using, [job.concurrency_key])
+    job.trace_context = tracing.current_traceparent()
     saved, created = _insert(job, using)
     if created:
         transaction.on_commit(partial(_committed, [saved], using), using=using)

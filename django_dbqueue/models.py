@@ -54,6 +54,11 @@ class Job(models.Model):
     # (run_after, an explicit max_attempts, unique_key after it is cleared...), where they
     # differ from the task's declaration, so get_result() returns the Task that was enqueued.
     task_options = models.JSONField(null=True, blank=True, editable=False)
+    # The W3C traceparent of the span that enqueued the job, when OpenTelemetry is in use:
+    # the worker's span for the job links to it (docs/observability.md). NULL: no trace.
+    trace_context = models.CharField(  # noqa: DJ001 (NULL: no trace, "" is no traceparent)
+        max_length=55, null=True, blank=True, editable=False
+    )
     owner = models.CharField(max_length=255, blank=True, default="")
     owner_date = models.DateTimeField(
         null=True, blank=True, help_text="When the owner last claimed or renewed its lease."

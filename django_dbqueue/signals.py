@@ -4,6 +4,9 @@ from django.dispatch import Signal
 
 # sender=Job, jobs=list[Job]; sent once the enqueueing transaction has committed.
 jobs_enqueued = Signal()
+# sender=Job, jobs=Claimed (a list, empty when nothing was taken), worker=str; sent by
+# Job.objects.claim() after each claim (the worker's metrics count claims with it).
+jobs_claimed = Signal()
 # sender=Job, job=Job, worker=str; sent in the worker before the job runs.
 job_started = Signal()
 # sender=Job, job=Job, worker=str, result=Any; after the job returned and was recorded.

@@ -75,6 +75,8 @@ LAZY_IMPORTS = {
     ("django_dbqueue.apps", "django_dbqueue.queue.announce"),
     # redis is an optional package.
     ("django_dbqueue.locks.counters", "django_dbqueue.locks.redis"),
+    # prometheus_client is an optional package, imported only for --metrics-port.
+    ("django_dbqueue.management.commands.run_jobs", "django_dbqueue.observability.metrics"),
     # named_lock is importable before the app registry is ready (decorating at import).
     ("django_dbqueue.locks.counters", "django_dbqueue.models"),
     # The Tasks room: the framework (django.tasks or the backport) is imported only when

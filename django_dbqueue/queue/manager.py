@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from django.db import models, router
 
+from django_dbqueue import signals
 from django_dbqueue.conf import settings
 from django_dbqueue.queue import claim, finish, insert, leases
 from django_dbqueue.queue.actions import JobQuerySet
@@ -29,9 +30,11 @@ class BaseJobManager(models.Manager["Job"]):
         self, owner: str, batch_size: int = 100, queues: Sequence[str] | None = None
     ) -> claim.Claimed:
         """Claim up to ``batch_size`` runnable jobs for ``owner`` (see :mod:`.claim`)."""
-        return claim.claim(
+        jobs = claim.claim(
             self.model, self._using(), owner, batch_size, list(queues or settings.QUEUES)
         )
+        signals.jobs_claimed.send(self.model, jobs=jobs, worker=owner)
+        return jobs
 
     def insert_many(self, jobs: Sequence[Job], batch_size: int = 1000) -> list[Job]:
         return insert.insert_many(self.model, self._using(), jobs, batch_size)

@@ -14,6 +14,7 @@ from django_dbqueue import bounds, registry
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import InvalidJob, JobTimeout
 from django_dbqueue.models import Job
+from django_dbqueue.observability import hooks
 
 
 class ResultNotSerializable(TypeError):
@@ -41,7 +42,16 @@ def call_job(job: Job) -> Any:
 
     A Django Tasks ``Task`` (an ``@task`` function) runs through the framework: its
     function gets a ``TaskContext`` when it takes one, and ``task_started`` is sent.
+    With tracing or metrics on, it runs inside their wrappers (observability/hooks.py).
     """
+    wrapped = hooks.around(job)
+    if wrapped is None:
+        return _call(job)
+    with wrapped:
+        return _call(job)
+
+
+def _call(job: Job) -> Any:
     # Nothing is imported for the path: a row names its task, and whoever wrote the row
     # must not choose what code is imported. A path the registry does not know raises
     # UnregisteredTask, which no retry can cure: the worker fails the job at once.

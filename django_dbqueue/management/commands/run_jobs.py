@@ -83,6 +83,14 @@ class Command(BaseCommand):
             help="Exit after this many jobs (across all processes).",
         )
         parser.add_argument(
+            "--metrics-port",
+            type=positive_int,
+            default=None,
+            help="Serve this host's worker metrics for Prometheus on this port "
+            "(default DBQUEUE['METRICS_PORT']; needs prometheus_client: "
+            "docs/observability.md).",
+        )
+        parser.add_argument(
             "--progress-interval",
             type=positive_float,
             default=2.0,
@@ -135,9 +143,34 @@ class Command(BaseCommand):
                 f"Running jobs from {', '.join(queues)} with {concurrency} "
                 f"process(es){threads}, {mode}. Ctrl-C to stop."
             )
-        # Always a supervisor, even for one process: jobs run in a child that the
-        # supervisor can kill and replace, and whose leases no job's code can stall.
-        stats = Supervisor(concurrency, worker_options, progress).run()
-        if progress is not None:
-            progress.update(stats, force=True)
-            self.stdout.write(progress.summary(stats))
+        # Before the children are forked: they inherit the metrics and count into the
+        # run's directory, which the supervisor's server reads.
+        server = _metrics_server(options["metrics_port"] or settings.METRICS_PORT)
+        try:
+            # Always a supervisor, even for one process: jobs run in a child that the
+            # supervisor can kill and replace, and whose leases no job's code can stall.
+            stats = Supervisor(concurrency, worker_options, progress).run()
+            if progress is not None:
+                progress.update(stats, force=True)
+                self.stdout.write(progress.summary(stats))
+        finally:
+            if server is not None:
+                server.close()  # last: a final scrape still sees the whole run
+
+
+def _metrics_server(port: int | None) -> Any:
+    """The running metrics server (observability/metrics.py), or None without a port."""
+    if not port:
+        return None
+    try:
+        # Imported only when asked for: prometheus_client is an optional extra.
+        from django_dbqueue.observability import metrics
+    except ImportError as exc:
+        raise CommandError(
+            f"--metrics-port needs prometheus_client ({exc}): "
+            "pip install 'django-dbqueue[metrics]'."
+        ) from None
+    try:
+        return metrics.Server(int(port), str(settings.METRICS_ADDRESS))
+    except OSError as exc:
+        raise CommandError(f"Cannot serve metrics on port {port}: {exc}") from None

@@ -1,0 +1,54 @@
+"""What wraps each job's call in the worker: the tracing span and the metrics' timers.
+
+``worker/execution.call_job`` asks :func:`around` for each job; with neither tracing (a
+tracer provider set) nor metrics on, that is all it costs. The metrics register their
+wrapper here (:mod:`.metrics`, in the supervisor before it forks, so every child
+inherits it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from typing import TYPE_CHECKING, Any
+
+from django_dbqueue.observability import tracing
+
+if TYPE_CHECKING:
+    from django_dbqueue.models import Job
+
+Wrapper = Callable[["Job"], AbstractContextManager[Any]]
+
+_wrappers: list[Wrapper] = []
+
+
+def add(wrapper: Wrapper) -> None:
+    if wrapper not in _wrappers:
+        _wrappers.append(wrapper)
+
+
+def remove(wrapper: Wrapper) -> None:
+    if wrapper in _wrappers:
+        _wrappers.remove(wrapper)
+
+
+def around(job: Job) -> AbstractContextManager[Any] | None:
+    """What to run the job's call in, or None when nothing wraps it."""
+    traced = tracing.recording() is not None
+    if not traced:
+        if not _wrappers:
+            return None
+        if len(_wrappers) == 1:
+            return _wrappers[0](job)
+    return _stacked(job, traced)
+
+
+@contextmanager
+def _stacked(job: Job, traced: bool) -> Iterator[None]:
+    """The job's span (outermost), then every registered wrapper."""
+    with ExitStack() as stack:
+        if traced:
+            stack.enter_context(tracing.job_span(job))
+        for wrapper in list(_wrappers):
+            stack.enter_context(wrapper(job))
+        yield
