@@ -14,16 +14,12 @@ wakes as soon as a child exits, and every ``TICK`` otherwise, and:
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import multiprocessing
 import os
 import signal
-import sys
 import time
-from dataclasses import dataclass
 from multiprocessing.connection import wait
-from multiprocessing.process import BaseProcess
 from types import FrameType
 from typing import Any
 
@@ -32,108 +28,23 @@ from django.db import connections
 from django_dbqueue.conf import settings
 from django_dbqueue.models import WorkerProcess as WorkerRow
 from django_dbqueue.worker import deaths, rows
+from django_dbqueue.worker.children import Child, child_main, still_on
 from django_dbqueue.worker.connections import (
     TRANSIENT_ERRORS,
     refresh_connections,
     retry_transient,
 )
 from django_dbqueue.worker.duties import Duties
+from django_dbqueue.worker.executors.base import held_capacity
 from django_dbqueue.worker.liveness import Keeper, recover
-from django_dbqueue.worker.loop import Stats
+from django_dbqueue.worker.loop import STOP_SIGNALS
 from django_dbqueue.worker.progress import Progress
-from django_dbqueue.worker.slots import RUNNING, Running, Slot, SlotTable
-from django_dbqueue.worker.threads import held_capacity, make_worker
+from django_dbqueue.worker.recording import Stats
+from django_dbqueue.worker.slots import RUNNING, Running, SlotTable
 
 logger = logging.getLogger("django_dbqueue.supervisor")
 
 TICK = 0.2
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _die_with_parent(parent: int) -> None:
-    """Have the kernel SIGKILL this process when the supervisor dies (Linux).
-
-    A child must not outlive the process that keeps its leases: its job would be
-    recovered and run a second time while it still runs. Elsewhere the child notices
-    between jobs that its parent is gone.
-    """
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the supervisor died before prctl took effect
-        os._exit(1)
-
-
-def _child_main(
-    table: SlotTable, index: int, token: str, options: dict[str, Any], parent: int
-) -> None:
-    _die_with_parent(parent)
-    # The supervisor forwards SIGTERM to us. A Ctrl-C reaches the whole process group, so
-    # children ignore SIGINT: otherwise one Ctrl-C would arrive twice (directly and
-    # forwarded) and count as the second, "stop now" signal.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    name = rows.process_name(os.getpid(), token)
-    worker = make_worker(
-        slot=table[index], name=name, ignore_sigint=True, parent_pid=parent, **options
-    )
-    worker.run()
-    connections.close_all()
-    sys.exit(0)
-
-
-def _still_on(child: Child, running: Running) -> bool:
-    """Freeze the child (SIGSTOP) and check it is still on this run; thaw it if not.
-
-    Between reading a slot and killing its process the job may end and the next one
-    start. A stopped process writes nothing, so its slot can be read for certain. Where
-    /proc does not say a process has stopped, the check is skipped.
-    """
-    pid = child.process.pid or 0
-    stat = f"/proc/{pid}/stat"
-    if not os.path.exists(stat):
-        return True
-    child._signal(signal.SIGSTOP)
-    deadline = time.monotonic() + 0.5
-    while time.monotonic() < deadline:
-        try:
-            with open(stat) as status:
-                state = status.read().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, IndexError):
-            return True  # gone already
-        if state in "tTZX":
-            break
-        time.sleep(0.001)
-    now = child.slot.running(lane=running.lane)
-    same = (
-        now is not None
-        and now.phase == RUNNING
-        and (now.job_id, now.started) == (running.job_id, running.started)
-    )
-    if not same:
-        child._signal(signal.SIGCONT)
-    return same
-
-
-@dataclass(eq=False)
-class Child:
-    index: int
-    process: BaseProcess
-    name: str
-    slot: Slot
-    started: float
-    registered: bool = False
-    kill: deaths.Kill | None = None
-    stops_sent: int = 0  # stop signals passed on to it
-
-    def interrupt(self) -> None:
-        self._signal(signal.SIGUSR1)
-
-    def _signal(self, signum: int) -> None:
-        try:
-            os.kill(self.process.pid or 0, signum)
-        except ProcessLookupError:
-            pass  # already gone; the loop reaps it
 
 
 class Supervisor:
@@ -149,11 +60,9 @@ class Supervisor:
         self.queues = list(worker_options.get("queues") or settings.QUEUES)
         self.duties = Duties(self.queues, progress.note if progress is not None else None)
         self.name = rows.process_name()
-        capacity = int(worker_options.get("batch_size") or settings.BATCH_SIZE)
+        batch_size = int(worker_options.get("batch_size") or settings.BATCH_SIZE)
         threads = int(worker_options.get("threads") or 1)
-        if threads > 1:
-            capacity = held_capacity(capacity, threads)
-        self.table = SlotTable(concurrency, capacity, lanes=threads)
+        self.table = SlotTable(concurrency, held_capacity(batch_size, threads), lanes=threads)
         self.keeper = Keeper()
         self._ctx = multiprocessing.get_context("fork")
         self._children: dict[int, Child] = {}
@@ -187,12 +96,20 @@ class Supervisor:
         # Never let a child inherit an open database socket.
         connections.close_all()
         process = self._ctx.Process(
-            target=_child_main,
+            target=child_main,
             args=(self.table, index, token, options, os.getpid()),
             name=f"dbqueue-worker-{index}",
             daemon=False,
         )
-        process.start()
+        # The child starts with its stop signals blocked, until its worker has its
+        # handlers (loop.py): a stop sent meanwhile then ends it cleanly, not with -15.
+        # Ours stay blocked only across the fork; one that came meanwhile reaches the
+        # child through _pass_on_stop.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         name = rows.process_name(process.pid, token)
         self._children[index] = Child(index, process, name, slot, time.monotonic())
 
@@ -301,7 +218,7 @@ class Supervisor:
                     break
 
     def _kill(self, child: Child, reason: str, running: Running | None) -> None:
-        if reason != deaths.STOP and running is not None and not _still_on(child, running):
+        if reason != deaths.STOP and running is not None and not still_on(child, running):
             return  # the job ended just now: the next one must not go down with it
         job_id = running.job_id if running is not None else 0
         timeout = running.deadline - running.started if running is not None else 0.0
