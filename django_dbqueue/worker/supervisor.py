@@ -18,6 +18,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from multiprocessing.connection import wait
 from types import FrameType
@@ -53,10 +54,12 @@ class Supervisor:
         concurrency: int,
         worker_options: dict[str, Any],
         progress: Progress | None = None,
+        early_stop: EarlyStop | None = None,
     ) -> None:
         self.concurrency = concurrency
         self.options = worker_options
         self.progress = progress
+        self.early_stop = early_stop
         self.queues = list(worker_options.get("queues") or settings.QUEUES)
         self.duties = Duties(self.queues, progress.note if progress is not None else None)
         self.name = rows.process_name()
@@ -75,6 +78,7 @@ class Supervisor:
         self._kill_all_at: float | None = None
         self._next_beat = 0.0
         self._grace = float(settings.KILL_GRACE)
+        self._give_up_at: float | None = None  # stopping with the database away
 
     # -- children ----------------------------------------------------------------------
 
@@ -290,55 +294,18 @@ class Supervisor:
 
     def run(self) -> Stats:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        if self.early_stop is not None:
+            self._signals += self.early_stop.count  # stopped while starting: start no child
         try:
-            # Jobs of dead workers first: a cron-driven --burst run is often the only
-            # process that could recover them.
-            role = WorkerRow.Role.SUPERVISOR
-            retry_transient(
-                lambda: rows.register(self.name, os.getpid(), role, self.queues),
-                logger,
-                "Supervisor starting",
-                self._stopping_give_up,
-            )
-            retry_transient(recover, logger, "Supervisor recovering", self._stopping_give_up)
-            self._next_beat = time.monotonic() + float(settings.HEARTBEAT_INTERVAL)
-            for index in range(self.concurrency):
-                if self._signals:
-                    break  # told to stop while starting: start no children
-                self._spawn(index)
-            give_up_at: float | None = None
+            self._start()
             while self._children or self._graves or self._respawn_at:
                 sentinels = [child.process.sentinel for child in self._children.values()]
                 if sentinels:
-                    # Wakes as soon as a child exits, else every TICK.
-                    wait(sentinels, timeout=TICK)
+                    wait(sentinels, timeout=TICK)  # wakes as soon as a child exits
                 else:
                     time.sleep(TICK)
-                self._pass_on_stop()
-                self._reap()
-                self._police()
-                self._respawn_due()
-                try:
-                    self._settle_graves()
-                    self._register_children()
-                    self._beat()
-                    self.duties.run()
-                except TRANSIENT_ERRORS as exc:
-                    logger.warning(
-                        "Supervisor: database error (%s); will retry",
-                        exc,
-                        extra={"event": "db_error", "worker": self.name},
-                    )
-                    refresh_connections()
-                    if not self._children and self._signals:
-                        # Stopping with the database away: leave the rest to lease recovery.
-                        give_up_at = give_up_at or time.monotonic() + max(
-                            30.0, float(settings.LEASE_TIMEOUT)
-                        )
-                        if time.monotonic() > give_up_at:
-                            break
-                if self.progress is not None:
-                    self.progress.update(self.totals())
+                if not self._turn():
+                    break
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
@@ -350,3 +317,73 @@ class Supervisor:
                 pass  # the row expires; nothing depends on a supervisor's row
             connections.close_all()
         return self.totals()
+
+    def _start(self) -> None:
+        # Jobs of dead workers first: a cron-driven --burst run is often the only process
+        # that could recover them.
+        role = WorkerRow.Role.SUPERVISOR
+        retry_transient(
+            lambda: rows.register(self.name, os.getpid(), role, self.queues),
+            logger,
+            "Supervisor starting",
+            self._stopping_give_up,
+        )
+        retry_transient(recover, logger, "Supervisor recovering", self._stopping_give_up)
+        self._next_beat = time.monotonic() + float(settings.HEARTBEAT_INTERVAL)
+        for index in range(self.concurrency):
+            if self._signals:
+                break  # told to stop while starting: start no children
+            self._spawn(index)
+
+    def _turn(self) -> bool:
+        """One turn of the loop; False once it is time to give up: stopping, with no
+        child left and the database away (the rest is left to lease recovery)."""
+        self._pass_on_stop()
+        self._reap()
+        self._police()
+        self._respawn_due()
+        try:
+            self._settle_graves()
+            self._register_children()
+            self._beat()
+            self.duties.run()
+        except TRANSIENT_ERRORS as exc:
+            logger.warning(
+                "Supervisor: database error (%s); will retry",
+                exc,
+                extra={"event": "db_error", "worker": self.name},
+            )
+            refresh_connections()
+            if not self._children and self._signals:
+                now = time.monotonic()
+                self._give_up_at = self._give_up_at or now + max(
+                    30.0, float(settings.LEASE_TIMEOUT)
+                )
+                if now > self._give_up_at:
+                    return False
+        if self.progress is not None:
+            self.progress.update(self.totals())
+        return True
+
+
+class EarlyStop:
+    """Stop signals that come while ``run_jobs`` starts (its checks, the discovery of the
+    task modules), before the supervisor has its handlers: counted, and passed on to it,
+    which then starts no child and exits 0. Without it, such a signal ended the process
+    with -15. A second one ends the start at once (exit 1)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._previous[signum] = signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.count += 1
+        if self.count > 1:
+            raise SystemExit(1)
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)

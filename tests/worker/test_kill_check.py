@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from django_dbqueue.worker.slots import SlotTable
 from django_dbqueue.worker.children import Child, still_on
+from django_dbqueue.worker.slots import SlotTable
 from tests.support import wait_until
 
 
