@@ -294,8 +294,9 @@ class Supervisor:
 
     def run(self) -> Stats:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        if self.early_stop is not None:
+        if self.early_stop is not None and self.early_stop.count:
             self._signals += self.early_stop.count  # stopped while starting: start no child
+            logger.info("Supervisor: stopped while starting; starting no worker")
         try:
             self._start()
             while self._children or self._graves or self._respawn_at:
