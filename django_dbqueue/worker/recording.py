@@ -76,7 +76,7 @@ class Recorder:
         # Only a one-lane slot's running job is shown in the worker's row (liveness.py,
         # show_slow_jobs); lease recovery relies on it being recorded before the next.
         self._shows_running = slot.lanes == 1
-        # Seconds a lane spends per job, averaged; None until a job has run.
+        # Seconds a job's code runs, averaged (note_time); None until a job has run.
         self.job_seconds: float | None = None
         self._pending: list[Job] = []
         self._pending_since = 0.0
@@ -111,11 +111,14 @@ class Recorder:
     # -- outcomes ----------------------------------------------------------------------
 
     def note_time(self, seconds: float) -> None:
-        """One job took a lane ``seconds``, from taking it to having recorded it.
+        """A job's code ran ``seconds``: the running average the claim size is made of.
 
         An exponentially weighted average, each job one sample of weight 1/8: it follows
         a change of job mix within a few dozen jobs, one outlier moves it by an eighth,
-        and it weighs jobs alike whether they came one or fifty to a claim.
+        and it weighs jobs alike whether they came one or a hundred to a claim, and
+        whichever lane ran them. The job's own run, not the recording around it: that
+        cost is the worker's, paid in batches, and waits for the recorder's lock would
+        count one flush once per thread.
         """
         with self.lock:
             previous = self.job_seconds

@@ -91,7 +91,6 @@ class Executor:
     def run(self, job: Job, lane: int) -> None:
         """One job in ``lane``: the check that it was not cancelled meanwhile, the
         attempt, its lane in the slot, the call, then its outcome recorded."""
-        taken = time.monotonic()
         refresh_connections()
         # The keeper lists held jobs an operator cancelled; the database has the last
         # word, since the list is only as fresh as the last heartbeat.
@@ -110,9 +109,11 @@ class Executor:
         timeout = float(job.timeout or self.job_timeout or 0) or None
         began = self.slot.start(job.id, timeout, lane, wall=wall)
         result, error = self.call(job, lane, timeout, began)
+        ran = time.monotonic() - began
         # From here on, no interruption reaches the worker's own bookkeeping.
         self.slot.returned(lane)
-        self.recorder.record(job, result, error, time.monotonic() - began)
+        self.recorder.note_time(ran)
+        self.recorder.record(job, result, error, ran)
         if isinstance(error, WorkerShutdown) or (
             isinstance(error, KeyboardInterrupt) and not self.handle_signals
         ):
@@ -120,4 +121,3 @@ class Executor:
             # still stop an embedded worker (after recording the attempt).
             self.stopping.set()
         self.slot.end(lane)
-        self.recorder.note_time(time.monotonic() - taken)
