@@ -34,7 +34,7 @@ process announces the same queues on the same channel at most once per
   when it next waits). Either way it begins a claim no earlier than H +
   :data:`COALESCE`, which is after the skipped job committed, so that claim sees the job
   (or another worker has taken it). A worker whose empty claim began before then claims
-  once more at H + :data:`COALESCE` (worker/loop.py ``_idle``): a claim sees what was
+  once more at H + :data:`COALESCE` (worker/listening.py ``Listening.idle``): a claim sees what was
   committed when it began, not when it returned.
 - A worker that began listening after A went out counts the moment its subscription
   was confirmed as H, for the same reason.

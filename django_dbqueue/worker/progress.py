@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from django_dbqueue.worker.loop import Stats
+from django_dbqueue.worker.recording import Stats
 
 
 class Progress:

@@ -29,7 +29,7 @@ from typing import Any
 IDLE, RUNNING, RECORDING = 0, 1, 2
 
 # Room for finished-but-unrecorded results per slot. A result that does not fit is
-# recorded at once instead (see Worker._done), so this bounds memory, not results.
+# recorded at once instead (see recording.Recorder.done), so this bounds memory, not results.
 LOG_BYTES = 64 * 1024
 _RECORD = struct.Struct("<qdi")  # job id, start (epoch seconds), result length (-1: None)
 

@@ -14,16 +14,13 @@ wakes as soon as a child exits, and every ``TICK`` otherwise, and:
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import multiprocessing
 import os
 import signal
-import sys
+import threading
 import time
-from dataclasses import dataclass
 from multiprocessing.connection import wait
-from multiprocessing.process import BaseProcess
 from types import FrameType
 from typing import Any
 
@@ -32,108 +29,23 @@ from django.db import connections
 from django_dbqueue.conf import settings
 from django_dbqueue.models import WorkerProcess as WorkerRow
 from django_dbqueue.worker import deaths, rows
+from django_dbqueue.worker.children import Child, child_main, still_on
 from django_dbqueue.worker.connections import (
     TRANSIENT_ERRORS,
     refresh_connections,
     retry_transient,
 )
 from django_dbqueue.worker.duties import Duties
+from django_dbqueue.worker.executors.base import held_capacity
 from django_dbqueue.worker.liveness import Keeper, recover
-from django_dbqueue.worker.loop import Stats
+from django_dbqueue.worker.loop import STOP_SIGNALS
 from django_dbqueue.worker.progress import Progress
-from django_dbqueue.worker.slots import RUNNING, Running, Slot, SlotTable
-from django_dbqueue.worker.threads import held_capacity, make_worker
+from django_dbqueue.worker.recording import Stats
+from django_dbqueue.worker.slots import RUNNING, Running, SlotTable
 
 logger = logging.getLogger("django_dbqueue.supervisor")
 
 TICK = 0.2
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _die_with_parent(parent: int) -> None:
-    """Have the kernel SIGKILL this process when the supervisor dies (Linux).
-
-    A child must not outlive the process that keeps its leases: its job would be
-    recovered and run a second time while it still runs. Elsewhere the child notices
-    between jobs that its parent is gone.
-    """
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the supervisor died before prctl took effect
-        os._exit(1)
-
-
-def _child_main(
-    table: SlotTable, index: int, token: str, options: dict[str, Any], parent: int
-) -> None:
-    _die_with_parent(parent)
-    # The supervisor forwards SIGTERM to us. A Ctrl-C reaches the whole process group, so
-    # children ignore SIGINT: otherwise one Ctrl-C would arrive twice (directly and
-    # forwarded) and count as the second, "stop now" signal.
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    name = rows.process_name(os.getpid(), token)
-    worker = make_worker(
-        slot=table[index], name=name, ignore_sigint=True, parent_pid=parent, **options
-    )
-    worker.run()
-    connections.close_all()
-    sys.exit(0)
-
-
-def _still_on(child: Child, running: Running) -> bool:
-    """Freeze the child (SIGSTOP) and check it is still on this run; thaw it if not.
-
-    Between reading a slot and killing its process the job may end and the next one
-    start. A stopped process writes nothing, so its slot can be read for certain. Where
-    /proc does not say a process has stopped, the check is skipped.
-    """
-    pid = child.process.pid or 0
-    stat = f"/proc/{pid}/stat"
-    if not os.path.exists(stat):
-        return True
-    child._signal(signal.SIGSTOP)
-    deadline = time.monotonic() + 0.5
-    while time.monotonic() < deadline:
-        try:
-            with open(stat) as status:
-                state = status.read().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, IndexError):
-            return True  # gone already
-        if state in "tTZX":
-            break
-        time.sleep(0.001)
-    now = child.slot.running(lane=running.lane)
-    same = (
-        now is not None
-        and now.phase == RUNNING
-        and (now.job_id, now.started) == (running.job_id, running.started)
-    )
-    if not same:
-        child._signal(signal.SIGCONT)
-    return same
-
-
-@dataclass(eq=False)
-class Child:
-    index: int
-    process: BaseProcess
-    name: str
-    slot: Slot
-    started: float
-    registered: bool = False
-    kill: deaths.Kill | None = None
-    stops_sent: int = 0  # stop signals passed on to it
-
-    def interrupt(self) -> None:
-        self._signal(signal.SIGUSR1)
-
-    def _signal(self, signum: int) -> None:
-        try:
-            os.kill(self.process.pid or 0, signum)
-        except ProcessLookupError:
-            pass  # already gone; the loop reaps it
 
 
 class Supervisor:
@@ -142,18 +54,18 @@ class Supervisor:
         concurrency: int,
         worker_options: dict[str, Any],
         progress: Progress | None = None,
+        early_stop: EarlyStop | None = None,
     ) -> None:
         self.concurrency = concurrency
         self.options = worker_options
         self.progress = progress
+        self.early_stop = early_stop
         self.queues = list(worker_options.get("queues") or settings.QUEUES)
         self.duties = Duties(self.queues, progress.note if progress is not None else None)
         self.name = rows.process_name()
-        capacity = int(worker_options.get("batch_size") or settings.BATCH_SIZE)
+        batch_size = int(worker_options.get("batch_size") or settings.BATCH_SIZE)
         threads = int(worker_options.get("threads") or 1)
-        if threads > 1:
-            capacity = held_capacity(capacity, threads)
-        self.table = SlotTable(concurrency, capacity, lanes=threads)
+        self.table = SlotTable(concurrency, held_capacity(batch_size, threads), lanes=threads)
         self.keeper = Keeper()
         self._ctx = multiprocessing.get_context("fork")
         self._children: dict[int, Child] = {}
@@ -166,6 +78,7 @@ class Supervisor:
         self._kill_all_at: float | None = None
         self._next_beat = 0.0
         self._grace = float(settings.KILL_GRACE)
+        self._give_up_at: float | None = None  # stopping with the database away
 
     # -- children ----------------------------------------------------------------------
 
@@ -187,12 +100,20 @@ class Supervisor:
         # Never let a child inherit an open database socket.
         connections.close_all()
         process = self._ctx.Process(
-            target=_child_main,
+            target=child_main,
             args=(self.table, index, token, options, os.getpid()),
             name=f"dbqueue-worker-{index}",
             daemon=False,
         )
-        process.start()
+        # The child starts with its stop signals blocked, until its worker has its
+        # handlers (loop.py): a stop sent meanwhile then ends it cleanly, not with -15.
+        # Ours stay blocked only across the fork; one that came meanwhile reaches the
+        # child through _pass_on_stop.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         name = rows.process_name(process.pid, token)
         self._children[index] = Child(index, process, name, slot, time.monotonic())
 
@@ -301,7 +222,7 @@ class Supervisor:
                     break
 
     def _kill(self, child: Child, reason: str, running: Running | None) -> None:
-        if reason != deaths.STOP and running is not None and not _still_on(child, running):
+        if reason != deaths.STOP and running is not None and not still_on(child, running):
             return  # the job ended just now: the next one must not go down with it
         job_id = running.job_id if running is not None else 0
         timeout = running.deadline - running.started if running is not None else 0.0
@@ -373,55 +294,19 @@ class Supervisor:
 
     def run(self) -> Stats:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        if self.early_stop is not None and self.early_stop.count:
+            self._signals += self.early_stop.count  # stopped while starting: start no child
+            logger.info("Supervisor: stopped while starting; starting no worker")
         try:
-            # Jobs of dead workers first: a cron-driven --burst run is often the only
-            # process that could recover them.
-            role = WorkerRow.Role.SUPERVISOR
-            retry_transient(
-                lambda: rows.register(self.name, os.getpid(), role, self.queues),
-                logger,
-                "Supervisor starting",
-                self._stopping_give_up,
-            )
-            retry_transient(recover, logger, "Supervisor recovering", self._stopping_give_up)
-            self._next_beat = time.monotonic() + float(settings.HEARTBEAT_INTERVAL)
-            for index in range(self.concurrency):
-                if self._signals:
-                    break  # told to stop while starting: start no children
-                self._spawn(index)
-            give_up_at: float | None = None
+            self._start()
             while self._children or self._graves or self._respawn_at:
                 sentinels = [child.process.sentinel for child in self._children.values()]
                 if sentinels:
-                    # Wakes as soon as a child exits, else every TICK.
-                    wait(sentinels, timeout=TICK)
+                    wait(sentinels, timeout=TICK)  # wakes as soon as a child exits
                 else:
                     time.sleep(TICK)
-                self._pass_on_stop()
-                self._reap()
-                self._police()
-                self._respawn_due()
-                try:
-                    self._settle_graves()
-                    self._register_children()
-                    self._beat()
-                    self.duties.run()
-                except TRANSIENT_ERRORS as exc:
-                    logger.warning(
-                        "Supervisor: database error (%s); will retry",
-                        exc,
-                        extra={"event": "db_error", "worker": self.name},
-                    )
-                    refresh_connections()
-                    if not self._children and self._signals:
-                        # Stopping with the database away: leave the rest to lease recovery.
-                        give_up_at = give_up_at or time.monotonic() + max(
-                            30.0, float(settings.LEASE_TIMEOUT)
-                        )
-                        if time.monotonic() > give_up_at:
-                            break
-                if self.progress is not None:
-                    self.progress.update(self.totals())
+                if not self._turn():
+                    break
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
@@ -433,3 +318,73 @@ class Supervisor:
                 pass  # the row expires; nothing depends on a supervisor's row
             connections.close_all()
         return self.totals()
+
+    def _start(self) -> None:
+        # Jobs of dead workers first: a cron-driven --burst run is often the only process
+        # that could recover them.
+        role = WorkerRow.Role.SUPERVISOR
+        retry_transient(
+            lambda: rows.register(self.name, os.getpid(), role, self.queues),
+            logger,
+            "Supervisor starting",
+            self._stopping_give_up,
+        )
+        retry_transient(recover, logger, "Supervisor recovering", self._stopping_give_up)
+        self._next_beat = time.monotonic() + float(settings.HEARTBEAT_INTERVAL)
+        for index in range(self.concurrency):
+            if self._signals:
+                break  # told to stop while starting: start no children
+            self._spawn(index)
+
+    def _turn(self) -> bool:
+        """One turn of the loop; False once it is time to give up: stopping, with no
+        child left and the database away (the rest is left to lease recovery)."""
+        self._pass_on_stop()
+        self._reap()
+        self._police()
+        self._respawn_due()
+        try:
+            self._settle_graves()
+            self._register_children()
+            self._beat()
+            self.duties.run()
+        except TRANSIENT_ERRORS as exc:
+            logger.warning(
+                "Supervisor: database error (%s); will retry",
+                exc,
+                extra={"event": "db_error", "worker": self.name},
+            )
+            refresh_connections()
+            if not self._children and self._signals:
+                now = time.monotonic()
+                self._give_up_at = self._give_up_at or now + max(
+                    30.0, float(settings.LEASE_TIMEOUT)
+                )
+                if now > self._give_up_at:
+                    return False
+        if self.progress is not None:
+            self.progress.update(self.totals())
+        return True
+
+
+class EarlyStop:
+    """Stop signals that come while ``run_jobs`` starts (its checks, the discovery of the
+    task modules), before the supervisor has its handlers: counted, and passed on to it,
+    which then starts no child and exits 0. Without it, such a signal ended the process
+    with -15. A second one ends the start at once (exit 1)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._previous[signum] = signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.count += 1
+        if self.count > 1:
+            raise SystemExit(1)
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)

@@ -300,7 +300,9 @@ def test_two_sigterms_stop_run_jobs_within_the_grace_even_in_c_code(
     proc.send_signal(signal.SIGTERM)
     second = time.monotonic()
     out, _ = proc.communicate(timeout=30)
-    assert time.monotonic() - second < grace + 2.0, out
+    # The job would run for minutes: ending this soon, it was killed. (The margin is for
+    # a loaded machine, where settling and exiting took 4.6 s.)
+    assert time.monotonic() - second < grace + 10.0, out
     assert proc.returncode == 0, out
     stuck.refresh_from_db()
     assert (stuck.status, stuck.attempts) == (Job.Status.QUEUED, 1), "retried later, not lost"

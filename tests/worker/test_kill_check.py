@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from django_dbqueue.worker.children import Child, still_on
 from django_dbqueue.worker.slots import SlotTable
-from django_dbqueue.worker.supervisor import Child, _still_on
 from tests.support import wait_until
 
 
@@ -46,7 +46,7 @@ def test_a_child_still_on_the_run_is_left_stopped_for_the_kill() -> None:
     try:
         running = child.slot.running()
         assert running is not None and running.job_id == 1
-        assert _still_on(child, running)
+        assert still_on(child, running)
         assert state(pid) in "tT", "frozen until the SIGKILL"
     finally:
         os.kill(pid, signal.SIGKILL)
@@ -62,7 +62,7 @@ def test_a_child_that_moved_on_is_thawed_and_spared() -> None:
         assert decided_on is not None and decided_on.job_id == 1
         go.set()  # job 1 ends between the supervisor's read and its kill
         wait_until(lambda: (child.slot.running() or decided_on).job_id == 2, timeout=10)
-        assert not _still_on(child, decided_on)
+        assert not still_on(child, decided_on)
         wait_until(lambda: state(pid) not in "tT", timeout=5)
         assert child.process.is_alive()
     finally:

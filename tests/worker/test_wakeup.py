@@ -268,26 +268,26 @@ def test_a_worker_that_heard_an_announcement_claims_again_a_window_later() -> No
     that began later, the worker waits to be woken."""
     with settings_with(POLL_INTERVAL=10):
         worker = Worker(queues=["default"], handle_signals=False)
-        worker._listen()
-        listener = worker._listener
+        worker.listening.listen()
+        listener = worker.listening.listener
         assert listener is not None
         try:
             time.sleep(2 * wakeup.COALESCE)
             enqueue(jobs.noop)
-            worker._idle(10)  # woken by the announcement
+            worker.listening.idle(10)  # woken by the announcement
             heard = listener.heard_at
-            worker._claim_began = time.monotonic()  # a claim in the window came back empty
-            worker._idle(10)  # back at heard + COALESCE, not in 10 s
+            worker.listening.claim_began = time.monotonic()  # a claim in the window came back empty
+            worker.listening.idle(10)  # back at heard + COALESCE, not in 10 s
             assert heard + wakeup.COALESCE <= time.monotonic() < heard + 5
             # A claim that began in the window but returned after it: one more, at once.
-            worker._claim_began = heard
+            worker.listening.claim_began = heard
             time.sleep(2 * wakeup.COALESCE)
             began = time.monotonic()
-            worker._idle(10)
+            worker.listening.idle(10)
             assert time.monotonic() - began < 5
-            worker._claim_began = time.monotonic()  # the claim after the window
+            worker.listening.claim_began = time.monotonic()  # the claim after the window
             threading.Timer(0.5, worker.stop).start()
-            worker._idle(10)  # only a wake-up (or the stop) ends this wait
+            worker.listening.idle(10)  # only a wake-up (or the stop) ends this wait
             assert time.monotonic() >= heard + 0.5
         finally:
-            worker._close_listener()
+            worker.listening.close()

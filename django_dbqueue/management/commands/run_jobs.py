@@ -14,7 +14,7 @@ from django_dbqueue.conf import settings
 from django_dbqueue.models import Job
 from django_dbqueue.queue.schema import schema_problem
 from django_dbqueue.worker.progress import Progress
-from django_dbqueue.worker.supervisor import Supervisor
+from django_dbqueue.worker.supervisor import EarlyStop, Supervisor
 
 
 def positive_int(value: str) -> int:
@@ -97,6 +97,14 @@ class Command(BaseCommand):
             help="Seconds between progress lines (default 2).",
         )
 
+    def execute(self, *args: Any, **options: Any) -> Any:
+        # First thing: a stop signal from here on ends the start cleanly (EarlyStop).
+        self.early_stop = EarlyStop()
+        try:
+            return super().execute(*args, **options)
+        finally:
+            self.early_stop.restore()
+
     def check(self, *args: Any, **kwargs: Any) -> None:
         # Django 6.1 runs the database-specific model checks before every command, and on
         # MySQL they connect: a database that is down for now would stop the worker with
@@ -149,7 +157,7 @@ class Command(BaseCommand):
         try:
             # Always a supervisor, even for one process: jobs run in a child that the
             # supervisor can kill and replace, and whose leases no job's code can stall.
-            stats = Supervisor(concurrency, worker_options, progress).run()
+            stats = Supervisor(concurrency, worker_options, progress, self.early_stop).run()
             if progress is not None:
                 progress.update(stats, force=True)
                 self.stdout.write(progress.summary(stats))

@@ -1,0 +1,123 @@
+"""What every executor shares: the calls the worker core makes, and running one job."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from django_dbqueue import signals
+from django_dbqueue.conf import settings
+from django_dbqueue.exceptions import WorkerShutdown
+from django_dbqueue.models import Job
+from django_dbqueue.worker.connections import refresh_connections
+from django_dbqueue.worker.liveness import wall_time
+from django_dbqueue.worker.recording import Recorder, log_fields
+
+logger = logging.getLogger("django_dbqueue.worker")
+
+Outcome = tuple[Any, BaseException | None]  # a job's call: (result, None) or (None, error)
+
+
+def held_capacity(batch_size: int, threads: int) -> int:
+    """Held-id entries a worker process needs. One thread: a batch. More: their claims
+    overlap (the process claims again while jobs of the last claim run) and finished jobs
+    stay held until their batched write."""
+    if threads <= 1:
+        return batch_size
+    return 2 * batch_size + int(settings.FINISH_BATCH_SIZE) + 2 * threads
+
+
+class Executor:
+    """What the core asks of an executor; :meth:`run` is the one job run both share."""
+
+    lanes = 1  # jobs it runs at once (the slot's lanes)
+
+    def __init__(self, recorder: Recorder, stopping: threading.Event, handle_signals: bool):
+        self.recorder = recorder
+        self.slot = recorder.slot
+        self.name = recorder.name
+        self.stopping = stopping
+        self.handle_signals = handle_signals
+        self.job_timeout = settings.JOB_TIMEOUT  # read once: consulted for every job
+        self.broken: BaseException | None = None  # what ended it, raised when the worker stops
+
+    # -- what the core calls -----------------------------------------------------------
+
+    def start(self) -> None:
+        """Get ready to run jobs (start threads)."""
+
+    def submit(self, jobs: Sequence[Job]) -> None:
+        """Run these claimed jobs, or hand them to what runs them."""
+        raise NotImplementedError
+
+    def waiting(self) -> int:
+        """Jobs handed over and not started yet."""
+        return 0
+
+    def busy(self) -> bool:
+        """Is any job running or waiting to start?"""
+        return False
+
+    def wait(self, seconds: float) -> None:
+        """Wait for a job to start or end, at most ``seconds``."""
+        self.stopping.wait(seconds)
+
+    def stop_now(self, signal_name: str) -> None:
+        """A second stop signal: interrupt the running jobs (a failed attempt each)."""
+        raise NotImplementedError
+
+    def cancel_signalled(self) -> None:
+        """SIGUSR1: the slot marks a running job cancelled."""
+
+    def interrupt(self) -> None:
+        """Our own heartbeat thread found a running job cancelled (unsupervised only)."""
+
+    def join(self) -> None:
+        """Stopping: let the running jobs end (the supervisor kills one that will not)."""
+
+    def unstarted(self) -> list[Job]:
+        """The jobs handed over that never started (given back when the worker stops)."""
+        return []
+
+    # -- one job -----------------------------------------------------------------------
+
+    def call(self, job: Job, lane: int, timeout: float | None, began: float) -> Outcome:
+        """Call the job's code in this executor's way, stopping it past ``timeout``."""
+        raise NotImplementedError
+
+    def run(self, job: Job, lane: int) -> None:
+        """One job in ``lane``: the check that it was not cancelled meanwhile, the
+        attempt, its lane in the slot, the call, then its outcome recorded."""
+        refresh_connections()
+        # The keeper lists held jobs an operator cancelled; the database has the last
+        # word, since the list is only as fresh as the last heartbeat.
+        if (
+            self.slot.cancel_requested(job.id)
+            and Job.objects.filter(pk=job.id, cancel_requested=True).exists()
+        ):
+            self.recorder.cancelled(job, "Cancelled by an operator before it started.")
+            return
+        wall = time.time()
+        job.note_attempt(wall_time(wall))
+        if logger.isEnabledFor(logging.DEBUG):
+            extra = log_fields("job_started", self.name, job)
+            logger.debug("Job %s (%s) started", job.id, job.task, extra=extra)
+        signals.job_started.send(Job, job=job, worker=self.name)
+        timeout = float(job.timeout or self.job_timeout or 0) or None
+        began = self.slot.start(job.id, timeout, lane, wall=wall)
+        result, error = self.call(job, lane, timeout, began)
+        ran = time.monotonic() - began
+        # From here on, no interruption reaches the worker's own bookkeeping.
+        self.slot.returned(lane)
+        self.recorder.note_time(ran)
+        self.recorder.record(job, result, error, ran)
+        if isinstance(error, WorkerShutdown) or (
+            isinstance(error, KeyboardInterrupt) and not self.handle_signals
+        ):
+            # Our own stop signal; or, when we leave signals alone, a Ctrl-C that must
+            # still stop an embedded worker (after recording the attempt).
+            self.stopping.set()
+        self.slot.end(lane)
