@@ -27,14 +27,7 @@ from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
-from django_dbqueue.queue.dialects import (
-    has_locking_reads,
-    ids_in,
-    key_position,
-    keyed_rows,
-    keys_in,
-    write_transaction,
-)
+from django_dbqueue.queue.dialects import dialect, key_position, write_transaction
 from django_dbqueue.status import CLAIMED, QUEUED
 
 if TYPE_CHECKING:
@@ -78,8 +71,9 @@ def lock_keys(conn: BaseDatabaseWrapper, keys: Sequence[str], lock: bool) -> dic
 
 def _select_keys(conn: BaseDatabaseWrapper, keys: Sequence[str], lock: bool) -> dict[str, bool]:
     qn = conn.ops.quote_name
-    where, params = keys_in(conn, qn("key"), sorted(set(keys)))
-    force = f" FORCE INDEX ({qn('key')})" if conn.vendor == "mysql" else ""
+    speaks = dialect(conn)
+    where, params = speaks.keys_in(conn, qn("key"), sorted(set(keys)))
+    force = speaks.key_order_hint(conn, "key")
     sql = (
         f"SELECT {qn('key')}, {qn('parked')} FROM {qn('dbqueue_concurrency')}{force} "  # noqa: S608
         f"WHERE {where} ORDER BY {qn('key')}"
@@ -109,7 +103,7 @@ def claimed_counts(conn: BaseDatabaseWrapper, model: type[Job], keys: Sequence[s
     if not keys:
         return []
     qn = conn.ops.quote_name
-    rows, label, params = keyed_rows(conn, qn(model._meta.db_table), keys)
+    rows, label, params = dialect(conn).keyed_rows(conn, qn(model._meta.db_table), keys)
     sql = (
         f"SELECT {label}, COUNT(*) FROM {rows} "  # noqa: S608
         f"AND j.{qn('status')} = %s GROUP BY {label}"
@@ -155,9 +149,10 @@ def admit(model: type[Job], using: str, jobs: list[Job], lock: bool) -> list[Job
 
 def _park(conn: BaseDatabaseWrapper, model: type[Job], jobs: list[Job]) -> None:
     qn = conn.ops.quote_name
+    speaks = dialect(conn)
     until = model._meta.get_field("run_after").get_db_prep_value(PARKED_UNTIL, conn)
-    id_sql, id_params = ids_in(conn, qn("id"), [job.id for job in jobs])
-    key_sql, key_params = keys_in(
+    id_sql, id_params = speaks.ids_in(conn, qn("id"), [job.id for job in jobs])
+    key_sql, key_params = speaks.keys_in(
         conn, qn("key"), sorted({str(job.concurrency_key) for job in jobs})
     )
     with conn.cursor() as cursor:
@@ -220,7 +215,7 @@ def release_freed(model: type[Job], using: str, keys: Iterable[str | None]) -> s
     if not wanted:
         return set()
     conn = connections[using]
-    lock = has_locking_reads(conn)
+    lock = dialect(conn).locking_reads
     try:
         flagged = [key for key, parked in _select_keys(conn, wanted, lock).items() if parked]
         if not flagged:
@@ -243,6 +238,7 @@ def _release_keys(model: type[Job], using: str, keys: list[str], lock: bool) -> 
     statements, however many keys."""
     conn = connections[using]
     qn = conn.ops.quote_name
+    speaks = dialect(conn)
     table = qn(model._meta.db_table)
     flags = lock_keys(conn, keys, lock)
     keys = sorted(key for key, parked in flags.items() if parked)
@@ -250,7 +246,7 @@ def _release_keys(model: type[Job], using: str, keys: list[str], lock: bool) -> 
         return []
     running = claimed_counts(conn, model, keys)
     until = model._meta.get_field("run_after").get_db_prep_value(PARKED_UNTIL, conn)
-    rows, label, params = keyed_rows(conn, table, keys, by_key="dbq_job_concurrency")
+    rows, label, params = speaks.keyed_rows(conn, table, keys, by_key="dbq_job_concurrency")
     # Per key, the parked jobs in release order and the first one's limit, up to one
     # more than its limit: enough to release as many as fit and to tell whether any is
     # left. A plain read, never SKIP LOCKED: a claim whose candidate read came before
@@ -286,14 +282,14 @@ def _release_keys(model: type[Job], using: str, keys: list[str], lock: bool) -> 
     with conn.cursor() as cursor:
         if released:
             now = model._meta.get_field("run_after").get_db_prep_value(timezone.now(), conn)
-            id_sql, id_params = ids_in(conn, qn("id"), [row[1] for row in released])
+            id_sql, id_params = speaks.ids_in(conn, qn("id"), [row[1] for row in released])
             cursor.execute(
                 f"UPDATE {table} SET {qn('run_after')} = %s "  # noqa: S608
                 f"WHERE {id_sql} AND {qn('status')} = %s AND {qn('run_after')} = %s",
                 [now, *id_params, QUEUED, until],
             )
         if cleared:
-            key_sql, key_params = keys_in(conn, qn("key"), cleared)
+            key_sql, key_params = speaks.keys_in(conn, qn("key"), cleared)
             cursor.execute(
                 f"UPDATE {qn('dbqueue_concurrency')} SET {qn('parked')} = %s "  # noqa: S608
                 f"WHERE {key_sql}",
