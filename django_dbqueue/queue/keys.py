@@ -246,30 +246,7 @@ def _release_keys(model: type[Job], using: str, keys: list[str], lock: bool) -> 
         return []
     running = claimed_counts(conn, model, keys)
     until = model._meta.get_field("run_after").get_db_prep_value(PARKED_UNTIL, conn)
-    rows, label, params = speaks.keyed_rows(conn, table, keys, by_key="dbq_job_concurrency")
-    # Per key, the parked jobs in release order and the first one's limit, up to one
-    # more than its limit: enough to release as many as fit and to tell whether any is
-    # left. A plain read, never SKIP LOCKED: a claim whose candidate read came before
-    # the park locks the row for a moment to re-check it (MariaDB releases that lock once
-    # the WHERE fails); skipping it here cleared the flag with the row still parked, and
-    # it waited forever. Jobs are parked only under the key lock we hold, so this read
-    # sees every one of them. No lock is waited for while holding the keys': the UPDATE
-    # below touches parked rows only, which no claim holds (it re-checks run_after and
-    # lets go of them).
-    window = f"OVER (PARTITION BY {label} ORDER BY j.{qn('priority')} DESC, j.{qn('id')})"
-    sql = (
-        f"SELECT label, id, queue, lim, rn FROM (SELECT {label} AS label, "  # noqa: S608
-        f"j.{qn('id')} AS id, j.{qn('queue')} AS queue, ROW_NUMBER() {window} AS rn, "
-        f"FIRST_VALUE(COALESCE(j.{qn('concurrency_limit')}, 1)) {window} AS lim "
-        f"FROM {rows} AND j.{qn('status')} = %s AND j.{qn('run_after')} = %s) AS p "
-        f"WHERE rn <= lim + 1"
-    )
-    position = key_position(keys)
-    with conn.cursor() as cursor:
-        cursor.execute(sql, [*params, QUEUED, until])
-        by_key: dict[int, list[tuple[Any, ...]]] = {}
-        for row in cursor.fetchall():
-            by_key.setdefault(position[row[0]], []).append(row)
+    by_key = _parked(conn, model, keys, until)
     released: list[tuple[Any, ...]] = []
     cleared: list[str] = []
     for index, key in enumerate(keys):
@@ -296,6 +273,41 @@ def _release_keys(model: type[Job], using: str, keys: list[str], lock: bool) -> 
                 [False, *key_params],
             )
     return [str(row[2]) for row in released]
+
+
+def _parked(
+    conn: BaseDatabaseWrapper, model: type[Job], keys: list[str], until: Any
+) -> dict[int, list[tuple[Any, ...]]]:
+    """Per key (its index in ``keys``), the parked jobs in release order and the first
+    one's limit, up to one more than its limit: enough to release as many as fit and to
+    tell whether any is left: rows of (key, id, queue, limit, row number).
+
+    A plain read, never SKIP LOCKED: a claim whose candidate read came before the park
+    locks the row for a moment to re-check it (MariaDB releases that lock once the WHERE
+    fails); skipping it here cleared the flag with the row still parked, and it waited
+    forever. Jobs are parked only under the key lock the caller holds, so this read sees
+    every one of them. No lock is waited for while holding the keys': the UPDATE after
+    it touches parked rows only, which no claim holds (it re-checks run_after and lets
+    go of them).
+    """
+    qn = conn.ops.quote_name
+    table = qn(model._meta.db_table)
+    rows, label, params = dialect(conn).keyed_rows(conn, table, keys, by_key="dbq_job_concurrency")
+    window = f"OVER (PARTITION BY {label} ORDER BY j.{qn('priority')} DESC, j.{qn('id')})"
+    sql = (
+        f"SELECT label, id, queue, lim, rn FROM (SELECT {label} AS label, "  # noqa: S608
+        f"j.{qn('id')} AS id, j.{qn('queue')} AS queue, ROW_NUMBER() {window} AS rn, "
+        f"FIRST_VALUE(COALESCE(j.{qn('concurrency_limit')}, 1)) {window} AS lim "
+        f"FROM {rows} AND j.{qn('status')} = %s AND j.{qn('run_after')} = %s) AS p "
+        f"WHERE rn <= lim + 1"
+    )
+    position = key_position(keys)
+    by_key: dict[int, list[tuple[Any, ...]]] = {}
+    with conn.cursor() as cursor:
+        cursor.execute(sql, [*params, QUEUED, until])
+        for row in cursor.fetchall():
+            by_key.setdefault(position[row[0]], []).append(row)
+    return by_key
 
 
 def prune_keys(using: str, batch_size: int, max_seconds: float | None = None) -> int:

@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
+from django.utils import timezone
 
-from django_dbqueue.queue.dialects import Dialect, dialect
+from django_dbqueue import enqueue
+from django_dbqueue.enqueueing import build_job
+from django_dbqueue.models import Job
+from django_dbqueue.queue.dialects import Dialect, dialect, estimated_rows, key_position
 from django_dbqueue.queue.dialects.choice import BY_VENDOR
-from tests.support import ROOT
+from django_dbqueue.queue.insert import OneRowInsert
+from tests.support import ROOT, jobs
 
 PACKAGE = ROOT / "django_dbqueue"
 
@@ -80,3 +86,80 @@ def test_the_connection_speaks_its_own_dialect_chosen_once() -> None:
     assert chosen.vendor == connection.vendor
     assert dialect(connection) is chosen
     assert isinstance(chosen, BY_VENDOR[connection.vendor].__class__)
+
+
+# What every dialect must do on its own database (as River's driver conformance suite):
+# the same answers whatever SQL it writes.
+
+
+def _ids(sql: str, params: list[Any]) -> set[int]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return {int(row[0]) for row in cursor.fetchall()}
+
+
+@pytest.mark.django_db
+def test_ids_in_and_by_id_only_select_exactly_those_rows() -> None:
+    made = [enqueue(jobs.noop).pk for _ in range(5)]
+    Job.objects.filter(pk=made[1]).update(status="done")
+    speaks = dialect(connection)
+    qn = connection.ops.quote_name
+    where, params = speaks.ids_in(connection, qn("id"), [made[0], made[1], made[3], 10**9])
+    sql = f"SELECT {qn('id')} FROM dbqueue_job WHERE {where}"  # noqa: S608
+    assert _ids(sql, params) == {
+        made[0],
+        made[1],
+        made[3],
+    }
+    queued = speaks.by_id_only(f"{qn('status')} = %s")
+    sql = f"SELECT {qn('id')} FROM dbqueue_job WHERE {where} AND {queued}"  # noqa: S608
+    assert _ids(sql, [*params, "queued"]) == {made[0], made[3]}
+
+
+@pytest.mark.django_db
+def test_keyed_rows_say_which_key_each_row_matched() -> None:
+    for key in ["a", "b", "c", "c"]:
+        enqueue(jobs.noop, concurrency_key=key)
+    keys = ["c", "a"]
+    speaks = dialect(connection)
+    rows, label, params = speaks.keyed_rows(connection, "dbqueue_job", keys, "dbq_job_concurrency")
+    with connection.cursor() as cursor:
+        sql = f"SELECT {label}, COUNT(*) FROM {rows} GROUP BY {label}"  # noqa: S608
+        cursor.execute(sql, params)
+        found = cursor.fetchall()
+    position = key_position(keys)
+    assert {keys[position[label_value]]: count for label_value, count in found} == {
+        "c": 2,
+        "a": 1,
+    }
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_unique_insert_that_collides_is_none_and_the_transaction_goes_on() -> None:
+    speaks = dialect(connection)
+    plan = OneRowInsert(Job, connection)
+
+    def insert(key: str) -> int | None:
+        job = build_job(jobs.noop, None, None, unique_key=key)
+        sql, params = plan.one_row(job.__dict__, {}, unique=True, notify=False)
+        return speaks.insert_one(connection, sql, params, unique=True)
+
+    with transaction.atomic():
+        first, again, other = insert("k"), insert("k"), insert("other")
+    assert first is not None and other is not None and again is None
+    assert sorted(Job.objects.values_list("unique_key", flat=True)) == ["k", "other"]
+
+
+@pytest.mark.django_db
+def test_finished_with_reads_the_finished_jobs_of_that_status_only() -> None:
+    done, failed, queued = (enqueue(jobs.noop).pk for _ in range(3))
+    Job.objects.filter(pk=done).update(status="done", finished_at=timezone.now())
+    Job.objects.filter(pk=failed).update(status="failed", finished_at=timezone.now())
+    assert list(Job.objects.finished_with("done").values_list("pk", flat=True)) == [done]
+    assert queued not in Job.objects.finished_with("queued").values_list("pk", flat=True)
+
+
+@pytest.mark.django_db
+def test_the_row_estimate_is_a_count_or_nothing() -> None:
+    estimate = estimated_rows(connection.alias, "dbqueue_job")
+    assert estimate is None or estimate >= 0
