@@ -10,7 +10,7 @@ from functools import partial
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any, NamedTuple
 
-from django.db import IntegrityError, OperationalError, connections, router, transaction
+from django.db import OperationalError, connections, router, transaction
 from django.db.models.base import ModelState
 from django.utils import timezone
 
@@ -458,14 +458,7 @@ def _insert(job: Job, using: str) -> tuple[Job, bool]:
     for _ in range(5):
         try:
             with transaction.mark_for_rollback_on_error(using):
-                try:
-                    new_id = insert_one(Job, conn, values, text, unique, notify)
-                except IntegrityError:
-                    # MySQL/MariaDB: the key is taken. The error rolled back this
-                    # statement only, so the caller's transaction goes on.
-                    if not unique or conn.vendor != "mysql":
-                        raise
-                    new_id = None
+                new_id = insert_one(Job, conn, values, text, unique, notify)
         except OperationalError as exc:
             if not (retry_deadlocks and is_deadlock(exc)):
                 raise

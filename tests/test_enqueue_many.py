@@ -242,9 +242,9 @@ def test_a_database_error_in_a_later_statement_writes_nothing(
 ) -> None:
     from django.db import DatabaseError
 
-    from django_dbqueue.queue import dialects
+    from django_dbqueue.queue.dialects import json_table
 
-    made = dialects._json_table_statements
+    made = json_table.json_table_statements
     count = 0
 
     def second_one_broken(*args: Any) -> Any:
@@ -256,7 +256,7 @@ def test_a_database_error_in_a_later_statement_writes_nothing(
                     for rows, sql, params in statements]  # fmt: skip
         return statements
 
-    monkeypatch.setattr(dialects, "_json_table_statements", second_one_broken)
+    monkeypatch.setattr(json_table, "json_table_statements", second_one_broken)
     with pytest.raises(DatabaseError):
         enqueue_many(({"task": jobs.add, "args": [i, i]} for i in range(300)), batch_size=100)
     assert count == 2

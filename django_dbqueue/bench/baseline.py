@@ -27,8 +27,8 @@ from django_dbqueue.bench.runs import noop, wait_for_purge
 from django_dbqueue.bulk import enqueue_many
 from django_dbqueue.enqueueing import enqueue
 from django_dbqueue.models import Job
-from django_dbqueue.queue.claim import row_reader
 from django_dbqueue.queue.dialects import by_id_only, has_json_table, ids_in, placeholders
+from django_dbqueue.queue.reader import row_reader
 from django_dbqueue.status import CLAIMED, DONE, QUEUED
 
 BULK_ROWS = 1000  # rows per INSERT, as enqueue_many's default batch

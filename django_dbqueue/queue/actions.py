@@ -14,13 +14,12 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import IntegrityError, connections, models, transaction
-from django.db.models import Case, CharField, F, Value, When
-from django.db.models.expressions import RawSQL
+from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from django_dbqueue.queue.claim import CLAIM_ORDER
 from django_dbqueue.queue.concurrency import PARKED_UNTIL
-from django_dbqueue.queue.dialects import write_transaction
+from django_dbqueue.queue.dialects import dialect, write_transaction
 from django_dbqueue.status import CANCELLED, CLAIMED, DONE, FAILED, FINISHED, QUEUED
 
 if TYPE_CHECKING:
@@ -60,19 +59,10 @@ def finished_with(queryset: _Q, status: str) -> _Q:
     Every reader of finished jobs (pruning, "failed since", history, recent failures)
     goes through here. PostgreSQL's index is partial, ``WHERE finished_at IS NOT NULL``
     (migration 0008): the condition says the row is in it. On MySQL/MariaDB it is on the
-    virtual column ``finished_status``, the status of a finished job and NULL before
-    (migration 0009, so that claims do not write it): the condition names that column,
-    which no model field describes.
+    virtual column ``finished_status`` (migration 0009): see ``MySQL.finished_with`` in
+    ``dialects/mysql.py``.
     """
-    connection = connections[queryset.db]
-    if connection.vendor != "mysql":
-        return queryset.filter(status=status, finished_at__isnull=False)
-    # Not ``status = %s`` as well: the index does not hold the status column, and InnoDB
-    # would read each row to test it.
-    qn = connection.ops.quote_name
-    column = f"{qn(queryset.model._meta.db_table)}.{qn('finished_status')}"
-    finished = RawSQL(column, (), CharField())
-    return queryset.alias(finished_status=finished).filter(finished_status=status)
+    return dialect(connections[queryset.db]).finished_with(queryset, status)
 
 
 class JobQuerySet(models.QuerySet["Job"]):

@@ -56,6 +56,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
 from django_dbqueue.conf import PerSettings, settings
+from django_dbqueue.queue.dialects import dialect
 
 logger = logging.getLogger("django_dbqueue.wakeup")
 CHANNEL = "dbqueue_wakeup"
@@ -111,7 +112,7 @@ def method(using: str | None = None) -> str:
     config = _config()
     if not config.wakeup:
         return "poll"
-    if connections[using or job_database()].vendor == "postgresql":
+    if dialect(connections[using or job_database()]).listen_notify:
         return "postgres"
     if config.redis_alias:
         return "redis"
@@ -185,7 +186,7 @@ def notify_args(conn: BaseDatabaseWrapper, queue: str) -> tuple[str, str] | None
     announced less than half of :data:`COALESCE` ago. Half: whether the job still needs
     its own announcement is decided again on commit (:func:`jobs_committed`), against
     the whole window, and then it would cost a statement of its own."""
-    if conn.vendor != "postgresql" or not _config().wakeup:
+    if not dialect(conn).listen_notify or not _config().wakeup:
         return None
     if conn.alias != job_database():
         return None

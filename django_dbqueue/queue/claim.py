@@ -2,29 +2,23 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from functools import partial
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import JSONField
-from django.db.models.base import ModelState
 from django.utils import timezone
 
 from django_dbqueue.queue.concurrency import admit, release_parked
 from django_dbqueue.queue.dialects import (
-    by_id_only,
-    has_lateral_arrays,
-    has_locking_reads,
-    ids_in,
-    locks_along_claim_index,
+    dialect,
     placeholders,
     plain_transaction,
     write_transaction,
 )
+from django_dbqueue.queue.reader import job_from_row, row_reader
 from django_dbqueue.status import CLAIMED, QUEUED
 
 if TYPE_CHECKING:
@@ -43,92 +37,6 @@ class Claimed(list["Job"]):
     def __init__(self, jobs: Sequence[Job] = (), contended: bool = False) -> None:
         super().__init__(jobs)
         self.contended = contended
-
-
-class RowReader(NamedTuple):
-    columns: str  # quoted column list for the SELECT
-    names: list[str]  # attribute names, in the same order
-    # (index, column expression, converters) of each column that has converters
-    converters: list[tuple[int, Any, list[Any]]]
-
-
-_READERS: dict[tuple[type[Any], str], RowReader] = {}
-
-# Columns a claim does not read: a claimed job's owner and lease are what the claim
-# writes, its result, end and error text what the run writes. Left out of the instance,
-# they are deferred fields: read from the database if something asks. (started_at is
-# read: whether it is NULL tells a first attempt from a later one, Job.note_attempt.)
-NOT_READ = frozenset(
-    {
-        "owner",
-        "owner_date",
-        "finished_at",
-        "result",
-        "last_error",
-        "origin_unique_key",
-    }
-)
-
-
-def _json_loads(value: Any, expression: Any, connection: Any) -> Any:
-    """JSONField.from_db_value for a whole column (no key transform, no custom decoder)."""
-    if value == "[]":
-        return []
-    if value == "{}":
-        return {}
-    if not isinstance(value, str):
-        return value
-    try:
-        return json.loads(value)
-    except json.JSONDecodeError:
-        return value
-
-
-def row_reader(model: type[Job], conn: BaseDatabaseWrapper) -> RowReader:
-    """The column list and per-column converters for reading claimed Job rows by hand.
-
-    The converters are Django's own (naive MySQL and SQLite datetimes to aware ones...),
-    worked out once per connection instead of once per query; JSON columns without a
-    custom decoder are decoded by :func:`_json_loads`, which does what
-    ``JSONField.from_db_value`` does for a whole column.
-    """
-    key = (model, conn.alias)
-    if key not in _READERS:
-        fields = [f for f in model._meta.concrete_fields if f.attname not in NOT_READ]
-        columns = ", ".join(conn.ops.quote_name(str(f.column)) for f in fields)
-        converters = []
-        for index, field in enumerate(fields):
-            col = field.get_col(model._meta.db_table)
-            funcs = conn.ops.get_db_converters(col)
-            if isinstance(field, JSONField) and field.decoder is None:
-                funcs = [*funcs, _json_loads]
-            else:
-                funcs = funcs + field.get_db_converters(conn)
-            if funcs:
-                converters.append((index, col, funcs))
-        _READERS[key] = RowReader(columns, [f.attname for f in fields], converters)
-    return _READERS[key]
-
-
-def _job_from_row(
-    model: type[Job], using: str, row: Sequence[Any], reader: RowReader, conn: BaseDatabaseWrapper
-) -> Job:
-    """A Job from a row, built as ``Model.from_db`` would but without ``Model.__init__``
-    (its field-by-field setattr and its pre_init/post_init signals are most of the cost
-    of a claim on the worker's side). Columns not read are deferred fields."""
-    values = list(row)
-    for index, col, funcs in reader.converters:
-        value = values[index]
-        if value is not None:
-            for func in funcs:
-                value = func(value, col, conn)
-            values[index] = value
-    job = model.__new__(model)
-    job.__dict__.update(zip(reader.names, values, strict=True))
-    state = job._state = ModelState()
-    state.adding = False
-    state.db = using
-    return job
 
 
 def claim(
@@ -154,7 +62,7 @@ def claim(
         raise ValueError("batch_size must be at least 1")
     conn = connections[using]
     queue_list = list(queues)
-    locking = has_locking_reads(conn)
+    locking = dialect(conn).locking_reads
     # Concurrency keys: parked jobs whose key has a free slot become runnable. Looked
     # for now and then before a claim, and always before a claim comes back empty.
     release_parked(model, using, locking)
@@ -179,7 +87,7 @@ def _claim(
             if jobs or not candidates:
                 return Claimed(jobs)
         return Claimed(contended=True)
-    if len(queue_list) == 1 and locks_along_claim_index(conn):
+    if len(queue_list) == 1 and dialect(conn).locks_along_claim_index:
         return _claim_along_index(model, using, owner, batch_size, queue_list[0])
     taken: list[int] = []
     for _ in range(3):
@@ -273,7 +181,7 @@ def _candidate_ids(
     """
     if len(queues) <= QUEUES_PER_STATEMENT:
         return [row[0] for row in _candidates(model, conn, queues, now, limit, exclude, False)]
-    if has_lateral_arrays(conn):
+    if dialect(conn).lateral_arrays:
         return _candidates_lateral(model, conn, queues, now, limit, exclude)
     rows: list[tuple[Any, ...]] = []
     for start in range(0, len(queues), QUEUES_PER_STATEMENT):
@@ -340,14 +248,15 @@ def _candidates_lateral(
     branches took the planner seconds.
     """
     qn = conn.ops.quote_name
+    array = dialect(conn).array
     when = _when(model, conn, now)
     columns = f"{qn('id')}, {qn('priority')}, {qn('run_after')}"
     order = f"c.{qn('priority')} DESC, c.{qn('run_after')}, c.{qn('id')}"
     sql = (
-        f"SELECT c.{qn('id')} FROM unnest(%s::varchar[]) AS q(name) "  # noqa: S608
+        f"SELECT c.{qn('id')} FROM unnest({array('varchar')}) AS q(name) "  # noqa: S608
         f"CROSS JOIN LATERAL (SELECT {columns} FROM {qn(model._meta.db_table)} "
         f"WHERE {qn('status')} = %s AND {qn('queue')} = q.name AND {qn('run_after')} <= %s "
-        f"AND NOT ({qn('id')} = ANY(%s::bigint[])) "
+        f"AND NOT ({qn('id')} = ANY({array('bigint')})) "
         f"ORDER BY {qn('priority')} DESC, {qn('run_after')}, {qn('id')} LIMIT %s) AS c "
         f"ORDER BY {order} LIMIT %s"
     )
@@ -373,8 +282,9 @@ def _lock_ids(
         return []
     conn = connections[using]
     qn = conn.ops.quote_name
-    id_sql, id_params = ids_in(conn, qn("id"), candidates)
-    queued = by_id_only(conn, f"{qn('status')} = %s")
+    speaks = dialect(conn)
+    id_sql, id_params = speaks.ids_in(conn, qn("id"), candidates)
+    queued = speaks.by_id_only(f"{qn('status')} = %s")
     # run_after again: another claim may have parked a candidate since it was read
     # (concurrency keys); claimed here it would keep run_after in year 9000 and, given
     # back or recovered after a crash, wait there with no key flagged to release it.
@@ -413,7 +323,7 @@ def _read_jobs(
     with conn.cursor() as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
-    return [_job_from_row(model, using, row, reader, conn) for row in rows]
+    return [job_from_row(model, using, row, reader, conn) for row in rows]
 
 
 def _mark(
@@ -431,7 +341,7 @@ def _mark(
         jobs = admit(model, using, jobs, lock)  # concurrency keys: park what does not fit
     if not jobs:
         return []
-    id_sql, id_params = ids_in(conn, qn("id"), [job.id for job in jobs])
+    id_sql, id_params = dialect(conn).ids_in(conn, qn("id"), [job.id for job in jobs])
     sql = (
         f"UPDATE {qn(model._meta.db_table)} SET {qn('status')} = %s, "  # noqa: S608
         f"{qn('owner')} = %s, {qn('owner_date')} = %s, "

@@ -29,14 +29,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from django_dbqueue.queue.dialects import (
-    has_locking_reads,
-    ids_in,
-    key_position,
-    keyed_rows,
-    keys_in,
-    write_transaction,
-)
+from django_dbqueue.queue.dialects import dialect, key_position, write_transaction
 from django_dbqueue.status import CLAIMED, QUEUED
 
 if TYPE_CHECKING:
@@ -87,8 +80,9 @@ def lock_keys(conn: BaseDatabaseWrapper, keys: Sequence[str], lock: bool) -> dic
 
 def _select_keys(conn: BaseDatabaseWrapper, keys: Sequence[str], lock: bool) -> dict[str, bool]:
     qn = conn.ops.quote_name
-    where, params = keys_in(conn, qn("key"), sorted(set(keys)))
-    force = f" FORCE INDEX ({qn('key')})" if conn.vendor == "mysql" else ""
+    speaks = dialect(conn)
+    where, params = speaks.keys_in(conn, qn("key"), sorted(set(keys)))
+    force = speaks.key_order_hint(conn, "key")
     sql = (
         f"SELECT {qn('key')}, {qn('parked')} FROM {qn('dbqueue_concurrency')}{force} "  # noqa: S608
         f"WHERE {where} ORDER BY {qn('key')}"
@@ -117,7 +111,7 @@ def claimed_counts(conn: BaseDatabaseWrapper, model: type[Job], keys: Sequence[s
     if not keys:
         return []
     qn = conn.ops.quote_name
-    rows, label, params = keyed_rows(conn, qn(model._meta.db_table), keys)
+    rows, label, params = dialect(conn).keyed_rows(conn, qn(model._meta.db_table), keys)
     sql = (
         f"SELECT {label}, COUNT(*) FROM {rows} "  # noqa: S608
         f"AND j.{qn('status')} = %s GROUP BY {label}"
@@ -163,9 +157,10 @@ def admit(model: type[Job], using: str, jobs: list[Job], lock: bool) -> list[Job
 
 def _park(conn: BaseDatabaseWrapper, model: type[Job], jobs: list[Job]) -> None:
     qn = conn.ops.quote_name
+    speaks = dialect(conn)
     until = model._meta.get_field("run_after").get_db_prep_value(PARKED_UNTIL, conn)
-    id_sql, id_params = ids_in(conn, qn("id"), [job.id for job in jobs])
-    key_sql, key_params = keys_in(
+    id_sql, id_params = speaks.ids_in(conn, qn("id"), [job.id for job in jobs])
+    key_sql, key_params = speaks.keys_in(
         conn, qn("key"), sorted({str(job.concurrency_key) for job in jobs})
     )
     with conn.cursor() as cursor:
@@ -226,7 +221,7 @@ def release_freed(model: type[Job], using: str, keys: Iterable[str | None]) -> s
     if not wanted:
         return set()
     conn = connections[using]
-    lock = has_locking_reads(conn)
+    lock = dialect(conn).locking_reads
     try:
         flagged = [key for key, parked in _select_keys(conn, wanted, lock).items() if parked]
         if not flagged:
@@ -249,6 +244,7 @@ def _release_keys(model: type[Job], using: str, keys: list[str], lock: bool) -> 
     statements, however many keys."""
     conn = connections[using]
     qn = conn.ops.quote_name
+    speaks = dialect(conn)
     table = qn(model._meta.db_table)
     flags = lock_keys(conn, keys, lock)
     keys = sorted(key for key, parked in flags.items() if parked)
@@ -256,30 +252,7 @@ def _release_keys(model: type[Job], using: str, keys: list[str], lock: bool) -> 
         return []
     running = claimed_counts(conn, model, keys)
     until = model._meta.get_field("run_after").get_db_prep_value(PARKED_UNTIL, conn)
-    rows, label, params = keyed_rows(conn, table, keys, by_key="dbq_job_concurrency")
-    # Per key, the parked jobs in release order and the first one's limit, up to one
-    # more than its limit: enough to release as many as fit and to tell whether any is
-    # left. A plain read, never SKIP LOCKED: a claim whose candidate read came before
-    # the park locks the row for a moment to re-check it (MariaDB releases that lock once
-    # the WHERE fails); skipping it here cleared the flag with the row still parked, and
-    # it waited forever. Jobs are parked only under the key lock we hold, so this read
-    # sees every one of them. No lock is waited for while holding the keys': the UPDATE
-    # below touches parked rows only, which no claim holds (it re-checks run_after and
-    # lets go of them).
-    window = f"OVER (PARTITION BY {label} ORDER BY j.{qn('priority')} DESC, j.{qn('id')})"
-    sql = (
-        f"SELECT label, id, queue, lim, rn FROM (SELECT {label} AS label, "  # noqa: S608
-        f"j.{qn('id')} AS id, j.{qn('queue')} AS queue, ROW_NUMBER() {window} AS rn, "
-        f"FIRST_VALUE(COALESCE(j.{qn('concurrency_limit')}, 1)) {window} AS lim "
-        f"FROM {rows} AND j.{qn('status')} = %s AND j.{qn('run_after')} = %s) AS p "
-        f"WHERE rn <= lim + 1"
-    )
-    position = key_position(keys)
-    with conn.cursor() as cursor:
-        cursor.execute(sql, [*params, QUEUED, until])
-        by_key: dict[int, list[tuple[Any, ...]]] = {}
-        for row in cursor.fetchall():
-            by_key.setdefault(position[row[0]], []).append(row)
+    by_key = _parked(conn, model, keys, until)
     released: list[tuple[Any, ...]] = []
     cleared: list[str] = []
     for index, key in enumerate(keys):
@@ -292,20 +265,55 @@ def _release_keys(model: type[Job], using: str, keys: list[str], lock: bool) -> 
     with conn.cursor() as cursor:
         if released:
             now = model._meta.get_field("run_after").get_db_prep_value(timezone.now(), conn)
-            id_sql, id_params = ids_in(conn, qn("id"), [row[1] for row in released])
+            id_sql, id_params = speaks.ids_in(conn, qn("id"), [row[1] for row in released])
             cursor.execute(
                 f"UPDATE {table} SET {qn('run_after')} = %s "  # noqa: S608
                 f"WHERE {id_sql} AND {qn('status')} = %s AND {qn('run_after')} = %s",
                 [now, *id_params, QUEUED, until],
             )
         if cleared:
-            key_sql, key_params = keys_in(conn, qn("key"), cleared)
+            key_sql, key_params = speaks.keys_in(conn, qn("key"), cleared)
             cursor.execute(
                 f"UPDATE {qn('dbqueue_concurrency')} SET {qn('parked')} = %s "  # noqa: S608
                 f"WHERE {key_sql}",
                 [False, *key_params],
             )
     return [str(row[2]) for row in released]
+
+
+def _parked(
+    conn: BaseDatabaseWrapper, model: type[Job], keys: list[str], until: Any
+) -> dict[int, list[tuple[Any, ...]]]:
+    """Per key (its index in ``keys``), the parked jobs in release order and the first
+    one's limit, up to one more than its limit: enough to release as many as fit and to
+    tell whether any is left: rows of (key, id, queue, limit, row number).
+
+    A plain read, never SKIP LOCKED: a claim whose candidate read came before the park
+    locks the row for a moment to re-check it (MariaDB releases that lock once the WHERE
+    fails); skipping it here cleared the flag with the row still parked, and it waited
+    forever. Jobs are parked only under the key lock the caller holds, so this read sees
+    every one of them. No lock is waited for while holding the keys': the UPDATE after
+    it touches parked rows only, which no claim holds (it re-checks run_after and lets
+    go of them).
+    """
+    qn = conn.ops.quote_name
+    table = qn(model._meta.db_table)
+    rows, label, params = dialect(conn).keyed_rows(conn, table, keys, by_key="dbq_job_concurrency")
+    window = f"OVER (PARTITION BY {label} ORDER BY j.{qn('priority')} DESC, j.{qn('id')})"
+    sql = (
+        f"SELECT label, id, queue, lim, rn FROM (SELECT {label} AS label, "  # noqa: S608
+        f"j.{qn('id')} AS id, j.{qn('queue')} AS queue, ROW_NUMBER() {window} AS rn, "
+        f"FIRST_VALUE(COALESCE(j.{qn('concurrency_limit')}, 1)) {window} AS lim "
+        f"FROM {rows} AND j.{qn('status')} = %s AND j.{qn('run_after')} = %s) AS p "
+        f"WHERE rn <= lim + 1"
+    )
+    position = key_position(keys)
+    by_key: dict[int, list[tuple[Any, ...]]] = {}
+    with conn.cursor() as cursor:
+        cursor.execute(sql, [*params, QUEUED, until])
+        for row in cursor.fetchall():
+            by_key.setdefault(position[row[0]], []).append(row)
+    return by_key
 
 
 def prune_keys(using: str, batch_size: int, max_seconds: float | None = None) -> int:

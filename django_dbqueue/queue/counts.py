@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
-from django_dbqueue.queue.dialects import has_lateral_arrays
+from django_dbqueue.queue.dialects import dialect
 from django_dbqueue.status import QUEUED
 
 if TYPE_CHECKING:
@@ -35,11 +35,13 @@ def capped_counts(
     pairs = [(queue, status) for queue in queues for status in statuses]
     if not pairs:
         return {}
-    if has_lateral_arrays(conn):
+    speaks = dialect(conn)
+    if speaks.lateral_arrays:
+        names = speaks.array("varchar")
         sql = (
             "SELECT p.k, (SELECT COUNT(*) FROM ("  # noqa: S608
             f"SELECT 1 FROM {table} WHERE {qn('status')} = p.s AND {qn('queue')} = p.q "
-            "LIMIT %s) AS t) FROM unnest(%s::varchar[], %s::varchar[]) "
+            f"LIMIT %s) AS t) FROM unnest({names}, {names}) "
             "WITH ORDINALITY AS p(q, s, k)"
         )
         params: list[Any] = [limit + 1, [p[0] for p in pairs], [p[1] for p in pairs]]
@@ -84,10 +86,11 @@ def oldest_runnable(
     where = f"{qn('status')} = %s AND {qn('queue')} = {{queue}} AND {qn('run_after')} <= %s"
     order = f"ORDER BY {qn('run_after')}, {qn('id')} LIMIT 1"
     rows: list[tuple[Any, ...]] = []
-    if has_lateral_arrays(conn):
+    speaks = dialect(conn)
+    if speaks.lateral_arrays:
         sql = (
             f"SELECT q.name, o.{qn('id')}, o.{qn('run_after')} "  # noqa: S608
-            "FROM unnest(%s::varchar[]) AS q(name) CROSS JOIN LATERAL ("
+            f"FROM unnest({speaks.array('varchar')}) AS q(name) CROSS JOIN LATERAL ("
             f"SELECT {qn('id')}, {qn('run_after')} FROM {table} "
             f"WHERE {where.format(queue='q.name')} {order}) AS o"
         )

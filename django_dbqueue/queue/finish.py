@@ -6,10 +6,10 @@ after a lost reply, or made after another worker recovered the job, changes noth
 
 from __future__ import annotations
 
-import json
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
@@ -20,7 +20,7 @@ from django.utils import timezone
 from django_dbqueue.conf import settings
 from django_dbqueue.queue import announce
 from django_dbqueue.queue.concurrency import release_freed
-from django_dbqueue.queue.dialects import by_id_only, has_json_table, ids_in
+from django_dbqueue.queue.dialects import dialect
 from django_dbqueue.queue.leases import owned
 from django_dbqueue.status import CANCELLED, CLAIMED, DONE, FAILED, QUEUED
 
@@ -61,90 +61,67 @@ def finish_done(model: type[Job], using: str, owner: str, jobs: Sequence[Job]) -
         meta.get_field("finished_at").get_db_prep_value(now, conn),
         meta.get_field("cancel_requested").get_db_prep_value(False, conn),
     ]
-    table = qn(meta.db_table)
     ids = [j.id for j in jobs]
-    # Start times are aware datetimes from timezone.now(): the backend's adapter is all
-    # DateTimeField.get_db_prep_value would do to them. (__dict__: a claimed job's
-    # result and start time are not read from the row; only what the run set counts.)
-    adapt_datetime = conn.ops.adapt_datetimefield_value
-    starts = [(j.id, value) for j in jobs if (value := j.__dict__.get("started_at")) is not None]
-    # The rows to write: by primary key, ``id IN (...)`` (an array on PostgreSQL).
-    target, target_params = table, []
-    where, where_params = ids_in(conn, qn("id"), ids)
-    # started_at is the first attempt's start: written only while NULL (the supervisor
-    # may have written it while the attempt ran). last_attempted_at: later attempts only.
-    if has_json_table(conn):
-        # MariaDB: the ids and start times as one JSON parameter whose rows are joined
-        # to the jobs by primary key (STRAIGHT_JOIN: in that order, so only those rows
-        # are read and locked). mysqlclient escapes every parameter in Python, and a
-        # CASE of two parameters a job cost more than the rest of the statement.
-        started = dict(starts)
-        rows = [
-            [job_id, adapt_datetime(started[job_id]) if job_id in started else None]
-            for job_id in ids
-        ]
-        target = (
-            "JSON_TABLE(%s, '$[*]' COLUMNS (job_id BIGINT PATH '$[0]', "
-            "started DATETIME(6) PATH '$[1]')) AS f "
-            f"STRAIGHT_JOIN {table} ON {table}.{qn('id')} = f.job_id"
-        )
-        target_params = [json.dumps(rows)]
-        where, where_params = "f.job_id IS NOT NULL", []
-        assignments.append(f"{qn('started_at')} = COALESCE({qn('started_at')}, f.started)")
-    elif conn.vendor == "postgresql":
-        # Start times as one array beside the ids: a statement of fixed text, whose
-        # parse psycopg caches, where a CASE of 2 parameters per job is parsed anew.
-        started = dict(starts)
-        assignments.append(
-            f"{qn('started_at')} = COALESCE({qn('started_at')}, (%s::timestamptz[])"
-            f"[array_position(%s::bigint[], {qn('id')})])"
-        )
-        params += [[started.get(job_id) for job_id in ids], ids]
-    elif starts:
-        whens = " ".join(["WHEN %s THEN %s"] * len(starts))
-        assignments.append(
-            f"{qn('started_at')} = COALESCE({qn('started_at')}, "
-            f"CASE {qn('id')} {whens} ELSE NULL END)"
-        )
-        for job_id, value in starts:
-            params += [job_id, adapt_datetime(value)]
-    later = [(j.id, value) for j in jobs if (value := j.__dict__.get("last_attempted_at"))]
-    if later:
-        assignments.append(_case(qn, "last_attempted_at", len(later)))
-        for job_id, value in later:
-            params += [job_id, adapt_datetime(value)]
-    results = [(j.id, value) for j in jobs if (value := j.__dict__.get("result")) is not None]
-    if results:
-        field: Any = meta.get_field("result")
-        assignments.append(_case(qn, "result", len(results)))
-        for job_id, value in results:
-            params += [job_id, field.get_db_prep_value(value, conn)]
+    speaks = dialect(conn)
+    # The rows by primary key; started_at is the first attempt's start: written only
+    # while NULL (the supervisor may have written it while the attempt ran). Start times
+    # are aware datetimes from timezone.now(). (__dict__: a claimed job's result and
+    # start time are not read from the row; only what the run set counts.)
+    started = {j.id: value for j in jobs if (value := j.__dict__.get("started_at")) is not None}
+    rows = speaks.done_rows(conn, qn(meta.db_table), ids, started)
+    if rows.started is not None:
+        assignments.append(rows.started)
+        params += rows.started_params
+    # last_attempted_at: later attempts only.
+    adapt = conn.ops.adapt_datetimefield_value
+    _per_job(qn, jobs, "last_attempted_at", adapt, assignments, params)
+    result: Any = meta.get_field("result")
+    prepare = partial(result.get_db_prep_value, connection=conn)
+    _per_job(qn, jobs, "result", prepare, assignments, params)
     # Only quoted column names and %s placeholders are formatted in; every value
     # goes through the driver's parameters.
-    guard = by_id_only(conn, f"{qn('status')} = %s AND {qn('owner')} = %s")
+    guard = speaks.by_id_only(f"{qn('status')} = %s AND {qn('owner')} = %s")
     sql = (
-        f"UPDATE {target} SET {', '.join(assignments)} "  # noqa: S608
-        f"WHERE {where} AND {guard}"
+        f"UPDATE {rows.target} SET {', '.join(assignments)} "  # noqa: S608
+        f"WHERE {rows.where} AND {guard}"
     )
-    args = [*target_params, *params, *where_params, CLAIMED, owner]
+    args = [*rows.target_params, *params, *rows.where_params, CLAIMED, owner]
     with conn.cursor() as cursor:
         cursor.execute(sql, args)
         updated = cursor.rowcount
-    if updated == len(ids):
-        finished = set(ids)
-    else:
-        # Some were taken over; the ones now DONE under our name are the ones we wrote.
-        finished = set(
-            model.objects.using(using)
-            .filter(id__in=ids, status=DONE, owner=owner)
-            .values_list("id", flat=True)
-        )
+    finished = set(ids) if updated == len(ids) else _done_by(model, using, owner, ids)
     for job in jobs:
         if job.id in finished:
             job.status, job.finished_at, job.unique_key = DONE, now, None
             job.cancel_requested = False
     free_slots(model, using, [job for job in jobs if job.id in finished])
     return finished
+
+
+def _per_job(
+    qn: Any,
+    jobs: Sequence[Job],
+    name: str,
+    prepare: Callable[[Any], Any],
+    assignments: list[str],
+    params: list[Any],
+) -> None:
+    """Add ``name = CASE id ...`` and its parameters for the jobs whose run set ``name``
+    (``prepare``: the value as the driver takes it); nothing when none did."""
+    values = [(j.id, value) for j in jobs if (value := j.__dict__.get(name)) is not None]
+    if values:
+        assignments.append(_case(qn, name, len(values)))
+        for job_id, value in values:
+            params += [job_id, prepare(value)]
+
+
+def _done_by(model: type[Job], using: str, owner: str, ids: list[int]) -> set[int]:
+    """Some were taken over; the ones now DONE under our name are the ones we wrote."""
+    return set(
+        model.objects.using(using)
+        .filter(id__in=ids, status=DONE, owner=owner)
+        .values_list("id", flat=True)
+    )
 
 
 def free_slots(model: type[Job], using: str, jobs: Iterable[Job]) -> None:

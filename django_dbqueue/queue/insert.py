@@ -16,7 +16,7 @@ from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import JSONField
 
-from django_dbqueue.queue.dialects import Done, Rows, insert_one_sql, insert_rows
+from django_dbqueue.queue.dialects import Done, Rows, dialect, insert_rows
 
 if TYPE_CHECKING:
     from django_dbqueue.models import Job
@@ -33,6 +33,7 @@ class OneRowInsert:
 
     def __init__(self, model: type[Job], conn: BaseDatabaseWrapper) -> None:
         self.conn = conn
+        self.dialect = dialect(conn)
         # The last datetime adapted for the driver, and what it became.
         self.adapted: tuple[Any, Any] = (None, None)
         self.fields = [f for f in model._meta.concrete_fields if not f.primary_key]
@@ -68,12 +69,12 @@ class OneRowInsert:
     ) -> tuple[str, list[str]]:
         left_out = {name for name, set_ in zip(self.optional, present, strict=True) if not set_}
         names = [name for name in self.names if name not in left_out]
-        # PostgreSQL binds JSON as text with a cast (enqueue has the text already);
-        # MySQL and SQLite take JSON as text anyway.
-        cast = "::jsonb" if self.conn.vendor == "postgresql" else ""
-        values = ", ".join(f"%s{cast}" if n in self.json else "%s" for n in names)
+        # JSON is bound as its text (enqueue has the text already).
+        json_value = self.dialect.json_placeholder
+        values = ", ".join(json_value if n in self.json else "%s" for n in names)
         columns = ", ".join(self.qn(n) for n in names)
-        return insert_one_sql(self.conn, self.table, columns, values, unique, notify), names
+        sql = self.dialect.insert_one_sql(self.conn, self.table, columns, values, unique, notify)
+        return sql, names
 
     def one_row(
         self, values: Mapping[str, Any], json_text: Mapping[str, str], unique: bool, notify: bool
@@ -151,22 +152,16 @@ def insert_one(
     """INSERT one job row in one statement; returns its id.
 
     ``unique``: a row whose ``unique_key`` is taken is not inserted, and None is returned
-    (PostgreSQL and SQLite: ``ON CONFLICT DO NOTHING``; MySQL/MariaDB raise IntegrityError,
-    which rolls back that statement only). ``notify`` (PostgreSQL): the (channel, payload)
-    of a ``pg_notify`` made by the same statement for an inserted row, so it is
+    (PostgreSQL and SQLite: ``ON CONFLICT DO NOTHING``; MySQL/MariaDB: its IntegrityError,
+    which rolls back that statement only, is caught). ``notify`` (PostgreSQL): the
+    (channel, payload) of a ``pg_notify`` made by the same statement for an inserted row, so it is
     delivered when the transaction commits and dropped if it rolls back.
     """
-    sql, params = _plan(model, conn).one_row(values, json_text, unique, notify is not None)
+    plan = _plan(model, conn)
+    sql, params = plan.one_row(values, json_text, unique, notify is not None)
     if notify is not None:
         params += notify
-    with conn.cursor() as cursor:
-        cursor.execute(sql, params)
-        if conn.vendor == "postgresql":
-            row = cursor.fetchone()
-            return None if row is None else int(row[0])
-        if unique and cursor.rowcount == 0:  # SQLite: ON CONFLICT DO NOTHING
-            return None
-        return int(cursor.lastrowid)
+    return plan.dialect.insert_one(conn, sql, params, unique)
 
 
 def json_text(job: Job) -> dict[str, str]:

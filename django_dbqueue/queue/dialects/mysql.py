@@ -1,0 +1,143 @@
+"""MySQL and MariaDB: strings compared by the column's collation, InnoDB's index-order
+locking, no ``ON CONFLICT``, and on MariaDB 10.6+ ``JSON_TABLE`` with ``RETURNING``
+(one JSON parameter in place of many: mysqlclient escapes every parameter in Python)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+from django.db import IntegrityError, connections, models
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import CharField
+from django.db.models.expressions import RawSQL
+
+from django_dbqueue.queue.dialects.base import Dialect, DoneRows, estimate
+from django_dbqueue.queue.dialects.json_table import insert_json_tables
+from django_dbqueue.queue.dialects.rows import Done, Rows, insert_values
+
+if TYPE_CHECKING:
+    from django.db.models import Field
+
+_Q = TypeVar("_Q", bound=models.QuerySet[Any])
+
+
+class MySQL(Dialect):
+    vendor: ClassVar[str] = "mysql"
+    begin: ClassVar[str] = "START TRANSACTION"
+
+    def uses_json_table(self, conn: BaseDatabaseWrapper) -> bool:
+        """``JSON_TABLE`` as the queue uses it (``INSERT ... SELECT ... FROM
+        JSON_TABLE(...) RETURNING``; ``UPDATE JSON_TABLE(...) STRAIGHT_JOIN`` the job
+        table): MariaDB 10.6+ (MySQL 8 has JSON_TABLE but no RETURNING; MariaDB 10.5 has
+        RETURNING but no JSON_TABLE)."""
+        return bool(
+            conn.mysql_is_mariadb  # type: ignore[attr-defined]
+            and conn.mysql_version >= (10, 6)  # type: ignore[attr-defined]
+        )
+
+    def keyed_rows(
+        self, conn: BaseDatabaseWrapper, table: str, keys: Sequence[str], by_key: str | None = None
+    ) -> tuple[str, str, list[Any]]:
+        """MariaDB's default collations ignore case and trailing spaces (``"Key"`` and
+        ``"key"`` share a row of ``dbqueue_concurrency`` and a limit): a derived table of
+        ``(n, k)``, one row per key (its literals take the column's collation), is joined
+        on the key, and ``r.n``, the key's 1-based position in ``keys``, tells which."""
+        column = f"j.{conn.ops.quote_name('concurrency_key')}"
+        rows = " UNION ALL ".join(["SELECT %s AS n, %s AS k", *["SELECT %s, %s"] * (len(keys) - 1)])
+        params: list[Any] = []
+        for n, key in enumerate(keys, 1):
+            params += [n, key]
+        return f"({rows}) AS r JOIN {table} j ON {column} = r.k WHERE 1 = 1", "r.n", params
+
+    def key_order_hint(self, conn: BaseDatabaseWrapper, index: str) -> str:
+        """InnoDB locks the index records it reads: for an IN list covering much of a
+        small table it chose a full scan and a filesort, which would lock by id."""
+        return f" FORCE INDEX ({conn.ops.quote_name(index)})"
+
+    def insert_one_sql(
+        self,
+        conn: BaseDatabaseWrapper,
+        table: str,
+        columns: str,
+        values: str,
+        unique: bool,
+        notify: bool,
+    ) -> str:
+        """No ``ON CONFLICT`` short of ``INSERT IGNORE``, which would also swallow other
+        errors: a duplicate key is an error that rolls back only the statement."""
+        if notify:
+            raise ValueError("pg_notify exists on PostgreSQL only")
+        return f"INSERT INTO {table} ({columns}) VALUES ({values})"  # noqa: S608
+
+    def insert_one(
+        self, conn: BaseDatabaseWrapper, sql: str, params: list[Any], unique: bool
+    ) -> int | None:
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute(sql, params)
+                return int(cursor.lastrowid)
+        except IntegrityError:
+            # The key is taken. The error rolled back this statement only, so the
+            # caller's transaction goes on.
+            if not unique:
+                raise
+            return None
+
+    def insert_rows(
+        self,
+        conn: BaseDatabaseWrapper,
+        table: str,
+        fields: Sequence[Field[Any, Any]],
+        names: list[str],
+        batches: Iterable[Rows],
+        done: Done,
+    ) -> list[int] | None:
+        if self.uses_json_table(conn):
+            return insert_json_tables(conn, table, fields, names, batches, done)
+        return insert_values(conn, table, names, batches, done)
+
+    def done_rows(
+        self,
+        conn: BaseDatabaseWrapper,
+        table: str,
+        ids: list[int],
+        started: Mapping[int, Any],
+    ) -> DoneRows:
+        """MariaDB: the ids and start times as one JSON parameter whose rows are joined to
+        the jobs by primary key (STRAIGHT_JOIN: in that order, so only those rows are
+        read and locked). mysqlclient escapes every parameter in Python, and a CASE of
+        two parameters a job cost more than the rest of the statement."""
+        if not self.uses_json_table(conn):
+            return super().done_rows(conn, table, ids, started)
+        qn = conn.ops.quote_name
+        adapt = conn.ops.adapt_datetimefield_value
+        rows = [[job_id, adapt(started[job_id]) if job_id in started else None] for job_id in ids]
+        target = (
+            "JSON_TABLE(%s, '$[*]' COLUMNS (job_id BIGINT PATH '$[0]', "
+            "started DATETIME(6) PATH '$[1]')) AS f "
+            f"STRAIGHT_JOIN {table} ON {table}.{qn('id')} = f.job_id"
+        )
+        started_at = f"{qn('started_at')} = COALESCE({qn('started_at')}, f.started)"
+        return DoneRows(target, [json.dumps(rows)], "f.job_id IS NOT NULL", [], started_at, [])
+
+    def finished_with(self, queryset: _Q, status: str) -> _Q:
+        """The index is on the virtual column ``finished_status``, the status of a finished
+        job and NULL before (migration 0009, so that claims do not write it): the
+        condition names that column, which no model field describes. Not ``status = %s``
+        as well: the index does not hold the status column, and InnoDB would read each
+        row to test it."""
+        qn = connections[queryset.db].ops.quote_name
+        column = f"{qn(queryset.model._meta.db_table)}.{qn('finished_status')}"
+        finished = RawSQL(column, (), CharField())
+        return queryset.alias(finished_status=finished).filter(finished_status=status)
+
+    def estimated_rows(self, conn: BaseDatabaseWrapper, table: str) -> int | None:
+        with conn.cursor() as cursor:
+            cursor.execute(
+                "SELECT table_rows FROM information_schema.tables "
+                "WHERE table_schema = DATABASE() AND table_name = %s",
+                [table],
+            )
+            return estimate(cursor.fetchone())
