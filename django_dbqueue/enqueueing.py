@@ -78,7 +78,7 @@ def check_shared(
     if check_task:
         path, task_defaults = path_for_enqueue(task, defaults.validate_tasks)
     else:
-        path, task_defaults = bounds.check_text(str(task), "a task path"), {}
+        path, task_defaults = bounds.check_text(str(task), "a task path"), EMPTY
     if len(path) > TASK_PATH_MAX:
         raise InvalidJob(f"a task path is at most {TASK_PATH_MAX} characters long.")
     return check_options(path, task_defaults, defaults, given, backend)

@@ -221,6 +221,9 @@ class Defaults(NamedTuple):
     plan: Plan
     validate_tasks: bool
     max_payload_bytes: int
+    # (task path, backend, given shared options) -> (the task's defaults, Shared): what
+    # check_options() found, so a call like an earlier one is not checked again.
+    known: dict[tuple[Any, ...], tuple[Mapping[str, Any], Shared]]
 
     @classmethod
     def read(cls) -> Defaults:
@@ -248,7 +251,7 @@ def _read_defaults() -> Defaults:
             fallback = getattr(settings, option.setting)
         plan.append((option.name, check, fallback))
     return Defaults(
-        queues, tuple(plan), bool(settings.VALIDATE_TASKS), int(settings.MAX_PAYLOAD_BYTES)
+        queues, tuple(plan), bool(settings.VALIDATE_TASKS), int(settings.MAX_PAYLOAD_BYTES), {}
     )
 
 
@@ -275,16 +278,46 @@ def check_options(
 ) -> Shared:
     """The task at ``path`` with the shared options of ``given`` checked (those left at
     None take the task's ``@job`` defaults, then the ``DBQUEUE`` ones). Raises InvalidJob.
+
+    What was checked is kept per settings: the same task with the same options (by
+    exact type and value) is not checked again.
     """
+    parts: list[Any] = [path, backend]
+    for name, value in given.items():
+        if value is not None and name in SHARED_NAMES:
+            if type(value) not in _SAME_IF_EQUAL:
+                return _check_options(path, task_defaults, defaults, given, backend)
+            parts += (name, type(value), value)
+    key = tuple(parts)
+    # The task's defaults are the registry's dict, replaced when it is registered again.
+    known = defaults.known.get(key)
+    if known is not None and known[0] is task_defaults:
+        return known[1]
+    shared = _check_options(path, task_defaults, defaults, given, backend)
+    if len(defaults.known) >= _KNOWN_MAX:  # e.g. paths the registry does not know
+        defaults.known.clear()
+    defaults.known[key] = (task_defaults, shared)
+    return shared
+
+
+_KNOWN_MAX = 1000
+# Option values whose equality means the same check (exact types: a subclass may define
+# its own equality, and True == 1 is a bool where an integer is wanted).
+_SAME_IF_EQUAL = frozenset({str, int, float, bool})
+
+
+def _check_options(
+    path: str,
+    task_defaults: Mapping[str, Any],
+    defaults: Defaults,
+    given: Mapping[str, Any],
+    backend: str,
+) -> Shared:
     columns = {}
+    given_value, task_default = given.get, task_defaults.get  # a task keeps no None default
     for name, check, fallback in defaults.plan:
-        value = given.get(name)
-        if value is None:
-            if task_defaults:
-                value = task_defaults.get(name)
-            if value is None:
-                value = fallback
-        columns[name] = check(value)
+        value = given_value(name)
+        columns[name] = check(task_default(name, fallback) if value is None else value)
     template = task_defaults.get("concurrency_key")
     return Shared(
         path,

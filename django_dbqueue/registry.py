@@ -59,6 +59,9 @@ class RegisteredTask:
 
 
 _registry: dict[str, RegisteredTask] = {}
+# The defaults of a path the registry does not know (one object: enqueue keeps what it
+# checked for a task's defaults while they are the same object).
+_NO_DEFAULTS: Mapping[str, Any] = types.MappingProxyType({})
 _lock = threading.RLock()
 _discovered = False
 _discovering = False
@@ -238,7 +241,7 @@ def _register_framework_task(path: str, task: Any) -> RegisteredTask:
     return entry
 
 
-def path_for_enqueue(task: Any, validate: bool = True) -> tuple[str, dict[str, Any]]:
+def path_for_enqueue(task: Any, validate: bool = True) -> tuple[str, Mapping[str, Any]]:
     """(task path, the task's registered defaults) for what enqueue() was given.
 
     ``task`` is a registered function, a Django Tasks ``Task`` or its function, or a
@@ -258,7 +261,7 @@ def path_for_enqueue(task: Any, validate: bool = True) -> tuple[str, dict[str, A
         path = checked_path_syntax(task)
         if not validate:
             entry = registered(path)
-            return path, entry.defaults if entry is not None else {}
+            return path, entry.defaults if entry is not None else _NO_DEFAULTS
         entry = find(path)
         return entry.path, entry.defaults
     if isinstance(task, types.MethodType) or is_bound_builtin(task):
