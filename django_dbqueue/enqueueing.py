@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import partial
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Unpack
 
 from django.db import IntegrityError, OperationalError, connections, router, transaction
 from django.db.models.base import ModelState
@@ -21,7 +21,14 @@ from django_dbqueue import bounds, signals
 from django_dbqueue.arguments import check_call
 from django_dbqueue.exceptions import InvalidJob
 from django_dbqueue.models import Job
-from django_dbqueue.options import NAMES, Defaults, Shared, check_options, shared_attrs
+from django_dbqueue.options import (
+    NAMES,
+    Defaults,
+    EnqueueOptions,
+    Shared,
+    check_options,
+    shared_attrs,
+)
 from django_dbqueue.queue.dialects import is_deadlock
 from django_dbqueue.queue.insert import JSON_TEXT, insert_one, json_text
 from django_dbqueue.queue.keys import ensure_keys
@@ -142,7 +149,7 @@ def enqueue(
     task: Any,
     args: Sequence[Any] | None = None,
     kwargs: Mapping[str, Any] | None = None,
-    **options: Any,
+    **options: Unpack[EnqueueOptions],
 ) -> Job:
     """Add a job; it becomes visible to workers when the surrounding transaction commits.
 
