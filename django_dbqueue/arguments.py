@@ -71,12 +71,27 @@ def _check_json(value: list[Any] | dict[str, Any], what: str) -> tuple[Any, str]
             f"Job {what} contain a NUL character (\\x00), which PostgreSQL cannot store in "
             "JSON; encode binary data (e.g. base64) before enqueueing it."
         )
+    # The text is ASCII: characters beyond the BMP and lone surrogates alike are escaped
+    # as \udXXX, so only such text needs the second look.
+    if "\\ud" in text and _has_lone_surrogate(value):
+        raise InvalidJob(
+            f"Job {what} contain a lone surrogate (e.g. '\\ud800'), which has no UTF-8 "
+            "form: no database can store it. Pass text that is valid Unicode."
+        )
     items = value.values() if type(value) is dict else value
     if _PLAIN.issuperset(map(type, items)):
         # Flat plain values: the round trip would give back equal values (NaN and
         # infinities were refused above); ``value`` is the caller's copy already.
         return value, text
     return json.loads(text), text
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    try:
+        json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 class Call(NamedTuple):

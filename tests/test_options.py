@@ -227,3 +227,19 @@ def test_a_hostile_task_option_is_the_frameworks_invalid_task() -> None:
     with pytest.raises(InvalidTask, match="unique_key contains a NUL"):
         task_functions.with_options(task_functions.add, unique_key="k\x00")
     assert not Job.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [(["a\ud800b"], {}), ([], {"text": "\udfff"}), ([], {"key\ud800": 1}), ([["\ud83d"]], {})],
+)
+def test_arguments_with_a_lone_surrogate_are_refused_inside_atomic(
+    args: list[Any], kwargs: dict[str, Any]
+) -> None:
+    with transaction.atomic():
+        with pytest.raises(InvalidJob, match="lone surrogate"):
+            enqueue(jobs.record, args, kwargs)
+        with pytest.raises(InvalidJob, match=r"job 0: Job .* lone surrogate"):
+            enqueue_many([{"task": jobs.record, "args": args, "kwargs": kwargs}])
+        kept = enqueue(jobs.record, ["emoji \U0001f600 and a backslash-u: \\ud800"])
+    assert stored(kept.pk, "args") == ["emoji \U0001f600 and a backslash-u: \\ud800"]
