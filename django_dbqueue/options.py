@@ -17,7 +17,9 @@ Adding an option is this short list of places:
 4. for an option checked per job (``scope="job"``) only: what it does to the job, in
    ``enqueueing.build_job`` and ``bulk._Validated.add`` (a ``scope="shared"`` option
    that has a column needs no code: it is checked, defaulted and written by the table);
-5. docs/enqueueing.md (and docs/tasks.md for a Task field).
+5. what it changes when the job runs, in the worker or the queue's SQL (for a setting
+   ``applied="run"``, where the worker reads it);
+6. README.md's options and docs/security.md's limits (docs/tasks.md for a Task field).
 
 ``tests/test_options.py`` fails when one of the doors does not take an option of the
 table, or the admin does not show it.
@@ -209,7 +211,7 @@ def effective(option: Option, value: Any) -> Any:
 
 # -- the options of one call, checked -------------------------------------------------
 
-# (name, check, value when not given) of each shared option: check_shared()'s plan.
+# (name, check, value when not given) of each shared option: check_options()' plan.
 Plan = tuple[tuple[str, Callable[[Any], Any], Any], ...]
 
 
