@@ -243,3 +243,22 @@ def test_arguments_with_a_lone_surrogate_are_refused_inside_atomic(
             enqueue_many([{"task": jobs.record, "args": args, "kwargs": kwargs}])
         kept = enqueue(jobs.record, ["emoji \U0001f600 and a backslash-u: \\ud800"])
     assert stored(kept.pk, "args") == ["emoji \U0001f600 and a backslash-u: \\ud800"]
+
+
+def test_what_enqueue_keeps_of_its_checks_follows_the_task_and_the_settings() -> None:
+    registry.register(with_every_default, queue="emails")
+    try:
+        assert enqueue(with_every_default).queue == "emails"
+        registry.register(with_every_default, queue="reports")  # registered again
+        assert enqueue(with_every_default).queue == "reports"
+        with override_settings(DBQUEUE={**settings.DBQUEUE, "QUEUES": ["default", "emails"]}):
+            for _ in range(2):  # a refusal is not kept as an answer
+                with pytest.raises(InvalidJob, match="Unknown queue 'reports'"):
+                    enqueue(with_every_default)
+            assert enqueue(with_every_default, queue="emails").queue == "emails"
+        assert enqueue(with_every_default).queue == "reports"
+        assert enqueue(with_every_default, priority=1).priority == 1
+        with pytest.raises(InvalidJob, match="priority must be an integer, not True"):
+            enqueue(with_every_default, priority=True)  # equal to 1, but not an integer
+    finally:
+        registry.register(with_every_default)
