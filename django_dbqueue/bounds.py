@@ -3,7 +3,9 @@
 Shared by ``enqueue()`` and ``@job`` (whose defaults are checked when a module declares
 them), so a value a worker cannot act on never reaches the table: a timeout that
 ``setitimer`` refuses, a delay that overflows ``datetime``, an attempt count the integer
-column cannot hold, arguments nested deeper than MariaDB's JSON accepts.
+column cannot hold, arguments nested deeper than MariaDB's JSON accepts, text that one
+of the databases cannot store (a NUL character, a lone surrogate). Which option each
+check bounds is said once, in ``options.py``.
 """
 
 from __future__ import annotations
@@ -11,22 +13,12 @@ from __future__ import annotations
 import difflib
 import math
 import re
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django_dbqueue.exceptions import InvalidJob
 
-# The options enqueue() takes (besides task, args and kwargs).
-ENQUEUE_OPTIONS = (
-    "queue",
-    "priority",
-    "run_after",
-    "max_attempts",
-    "timeout",
-    "retry_backoff",
-    "unique_key",
-    "concurrency_key",
-    "concurrency_limit",
-)
 QUEUE_NAME_MAX = 64  # Job.queue's max_length (tests/test_registry.py holds them equal)
 PRIORITY_RANGE = (-32768, 32767)  # a SmallIntegerField
 # Attempts are counted in an integer column; far beyond any useful retry policy.
@@ -42,7 +34,7 @@ MAX_RUN_AFTER = 100 * 366 * 86400.0
 MAX_NESTING = 30
 
 
-def unknown_options(function: str, given: Any, valid: tuple[str, ...] = ENQUEUE_OPTIONS) -> None:
+def unknown_options(function: str, given: Iterable[Any], valid: tuple[str, ...]) -> None:
     """Raise TypeError naming ``function`` for options it does not take.
 
     A TypeError, not InvalidJob: a misspelt option is a mistake in the calling code,
@@ -60,6 +52,23 @@ def unknown_options(function: str, given: Any, valid: tuple[str, ...] = ENQUEUE_
     )
 
 
+def check_text(value: str, name: str) -> str:
+    """``value`` if every database can store it: PostgreSQL refuses a NUL character in
+    text (a DataError that would abort the caller's transaction), and no database takes
+    a lone surrogate, which has no UTF-8 form."""
+    if "\x00" in value:
+        raise InvalidJob(f"{name} contains a NUL character (\\x00), which PostgreSQL cannot store.")
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise InvalidJob(
+                f"{name} contains a lone surrogate (e.g. '\\ud800'), which has no UTF-8 "
+                "form: no database can store it."
+            ) from None
+    return value
+
+
 def check_queue_name(queue: Any) -> str:
     if not isinstance(queue, str) or not queue.strip():
         raise InvalidJob("queue must be a non-empty string.")
@@ -67,7 +76,7 @@ def check_queue_name(queue: Any) -> str:
         raise InvalidJob(
             f"queue name {queue[:20]!r}... is longer than {QUEUE_NAME_MAX} characters."
         )
-    return queue
+    return check_text(queue, "queue")
 
 
 def check_priority(priority: Any) -> int:
@@ -136,6 +145,33 @@ def check_delay(value: float, what: str) -> float:
     return value
 
 
+def run_after_time(run_after: datetime | timedelta | float | int | None, now: datetime) -> datetime:
+    """When a job enqueued at ``now`` may run: ``run_after`` as a moment, a delay (a
+    timedelta or seconds) or None (at once), checked against the bounds.
+
+    A moment is given back in UTC: the same instant, in an offset every database stores
+    (PostgreSQL refuses offsets beyond 15:59, such as +23:59, which Python allows).
+    """
+    if run_after is None:
+        return now
+    if isinstance(run_after, timedelta):
+        check_delay(run_after.total_seconds(), repr(run_after))
+        return now + run_after
+    if isinstance(run_after, datetime):
+        if run_after.utcoffset() is None:
+            raise InvalidJob("run_after must be timezone-aware (use django.utils.timezone.now()).")
+        try:
+            delay = (run_after - now).total_seconds()
+        except OverflowError:
+            delay = MAX_RUN_AFTER * 2
+        check_delay(delay, run_after.isoformat())
+        return run_after if run_after.tzinfo is UTC else run_after.astimezone(UTC)
+    if isinstance(run_after, int | float) and not isinstance(run_after, bool):
+        delay = check_delay(seconds(run_after, "run_after"), repr(run_after))
+        return now + timedelta(seconds=delay)
+    raise InvalidJob(f"run_after must be a datetime, timedelta or seconds, not {run_after!r}.")
+
+
 def check_nesting(value: list[Any] | dict[str, Any], what: str) -> None:
     """Refuse arguments nested deeper than :data:`MAX_NESTING` levels.
 
@@ -177,7 +213,13 @@ MAX_CONCURRENCY_LIMIT = 1000
 def check_concurrency_key(value: Any) -> str:
     if not isinstance(value, str) or not 0 < len(value) <= 255:
         raise InvalidJob("concurrency_key must be a string of 1 to 255 characters.")
-    return value
+    return check_text(value, "concurrency_key")
+
+
+def check_unique_key(value: Any) -> str:
+    if not isinstance(value, str) or not 0 < len(value) <= 255:
+        raise InvalidJob("unique_key must be a string of 1 to 255 characters.")
+    return check_text(value, "unique_key")
 
 
 def check_concurrency_limit(value: Any) -> int:

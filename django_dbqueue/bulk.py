@@ -2,8 +2,9 @@
 
 Jobs that name the same task with the same options share that part of their validation:
 the task's path and defaults, the queue and the option ranges are checked once per
-combination (:class:`~django_dbqueue.enqueueing.Shared`); each job has only its own
-arguments (JSON, size), ``run_after`` and concurrency key checked. The INSERT takes the
+combination (:class:`~django_dbqueue.options.Shared`); each job has only its own
+arguments (JSON, size) and the options of ``scope="job"`` (``run_after``, its
+concurrency key and limit) checked. The INSERT takes the
 validated values column by column, and the Job objects returned are built from the same
 values and the new ids, without ``Model.__init__``.
 """
@@ -23,19 +24,20 @@ from django.db.models.base import ModelState
 from django.utils import timezone
 
 from django_dbqueue import bounds, signals
-from django_dbqueue.enqueueing import (
-    Call,
-    Defaults,
-    Shared,
-    check_call,
-    check_shared,
-    new_job,
-    run_after_time,
-    shared_attrs,
-)
+from django_dbqueue.arguments import Call, check_call
+from django_dbqueue.enqueueing import check_shared, new_job
 from django_dbqueue.exceptions import InvalidJob
 from django_dbqueue.models import Job
 from django_dbqueue.observability import tracing
+from django_dbqueue.options import (
+    MANY_NAMES,
+    NAMES,
+    SHARED,
+    SHARED_NAMES,
+    Defaults,
+    Shared,
+    shared_attrs,
+)
 from django_dbqueue.queue import announce
 from django_dbqueue.queue.concurrency import ensure_keys
 from django_dbqueue.queue.insert import insert_columns
@@ -54,16 +56,15 @@ class JobSpec:
 # The keys of a job given as a dict that are not options.
 _CALL_KEYS = frozenset({"task", "args", "kwargs"})
 _NO_TASK = object()
-_OPTIONS = frozenset(bounds.ENQUEUE_OPTIONS)
-# Options checked for each job: they commonly differ from job to job.
-_PER_JOB = frozenset({"run_after", "concurrency_key"})
-# Options checked once for the jobs that share them (unique_key is refused).
-_SHARED = _OPTIONS - _PER_JOB - {"unique_key"}
+# Options enqueue() takes and enqueue_many() refuses (unique_key), with the reason.
+_REFUSED = {
+    "unique_key": "enqueue_many() does not take unique_key: its multi-row INSERT is one "
+    "statement, so one taken key would fail the whole batch; use enqueue() for unique jobs."
+}
+assert _REFUSED.keys() == set(NAMES) - MANY_NAMES, "say why enqueue_many() refuses an option"
 # Option values whose equality means the same validation (exact types: a subclass may
 # define its own equality, and True == 1 is a bool where an integer is wanted).
 _SAME_IF_EQUAL = frozenset({str, int, float, bool, type(None), datetime, timedelta})
-# The job columns that Shared decides, filled per row when one call mixes several.
-_SHARED_COLUMNS = ("task", "queue", "priority", "max_attempts", "timeout", "retry_backoff")
 
 
 def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]], batch_size: int = 1000) -> list[Job]:
@@ -102,7 +103,7 @@ def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]], batch_size: int = 
                 ensure_keys(using, keys)
     # Jobs without a run_after of their own are due: their queues are announced without
     # looking at each job (announce.jobs_committed() compares each one's run_after).
-    due = None if many.delayed else {shared.queue for shared in many.distinct_shared()}
+    due = None if many.delayed else {shared.columns["queue"] for shared in many.distinct_shared()}
     transaction.on_commit(partial(_committed, created, using, due), using=using)
     return created
 
@@ -183,25 +184,26 @@ class _Validated:
             args, kwargs = item.get("args"), item.get("kwargs")
             keys = item.keys()
             options = None if keys <= _CALL_KEYS else {k: item[k] for k in keys - _CALL_KEYS}
-        run_after = concurrency_key = None
+        # The options checked for each job (options.PER_JOB_NAMES), each in its own way.
+        run_after = concurrency_key = concurrency_limit = None
         if options:
-            if not options.keys() <= _OPTIONS:
-                bounds.unknown_options("enqueue_many()", options)
-            if options.get("unique_key") is not None:
-                raise InvalidJob(
-                    "enqueue_many() does not take unique_key: its multi-row INSERT is one "
-                    "statement, so one taken key would fail the whole batch; use enqueue() "
-                    "for unique jobs."
-                )
+            if not options.keys() <= MANY_NAMES:
+                bounds.unknown_options("enqueue_many()", options, NAMES)
+                for name, reason in _REFUSED.items():
+                    if options.get(name) is not None:
+                        raise InvalidJob(reason)
             run_after = options.get("run_after")
             concurrency_key = options.get("concurrency_key")
+            concurrency_limit = options.get("concurrency_limit")
         shared = self._shared(task, options)
-        self.calls.append(check_call(shared, args, kwargs, concurrency_key, self.defaults))
+        self.calls.append(
+            check_call(shared, args, kwargs, concurrency_key, concurrency_limit, self.defaults)
+        )
         self.shared.append(shared)
         if run_after is None:
             self.run_after.append(self.now)
         else:
-            self.run_after.append(run_after_time(run_after, self.now))
+            self.run_after.append(bounds.run_after_time(run_after, self.now))
             self.delayed = True
 
     def _shared(self, task: Any, options: dict[str, Any] | None) -> Shared:
@@ -210,7 +212,7 @@ class _Validated:
         if options:
             parts: list[Any] = [key]
             for name, value in options.items():
-                if name in _SHARED:
+                if name in SHARED_NAMES:
                     if type(value) not in _SAME_IF_EQUAL:
                         key = None
                         break
@@ -220,8 +222,7 @@ class _Validated:
         known = self.known.get(key) if key is not None else None
         if known is not None:
             return known[1]
-        given = {name: value for name, value in (options or {}).items() if name in _SHARED}
-        shared = check_shared(task, self.defaults, **given)
+        shared = check_shared(task, self.defaults, options or {})
         if key is not None:
             self.known[key] = (task, shared)
         return shared
@@ -251,9 +252,11 @@ class _Validated:
         if len(shared) == 1:
             values.update(shared_attrs(shared[0], self.now))
         else:
-            for name in (*_SHARED_COLUMNS, "backend"):
-                index = Shared._fields.index("path" if name == "task" else name)
-                per_row[name] = [one[index] for one in self.shared[start:]]
+            mixed = self.shared[start:]
+            per_row["task"] = [one.path for one in mixed]
+            per_row["backend"] = [one.backend for one in mixed]
+            for option in SHARED:
+                per_row[option.name] = [one.columns[option.name] for one in mixed]
         if self.delayed:
             per_row["run_after"] = self.run_after[start:]
         else:

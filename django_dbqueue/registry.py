@@ -20,19 +20,23 @@ import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import import_module
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar, Unpack, overload
 
-from django_dbqueue import bounds
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import InvalidJob, ScheduleError, UnregisteredTask
+from django_dbqueue.options import JobDefaults, check_defaults
 from django_dbqueue.scheduling.config import declared_entry
+from django_dbqueue.task_names import (
+    checked_path_syntax,
+    found_under_own_name,
+    is_bound_builtin,
+    unimportable_name,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Where the Django Tasks framework defines Task: Django 6, and the backport for Django 5.2.
 TASK_CLASSES = {("django.tasks.base", "Task"), ("django_tasks.base", "Task")}
-# The defaults @job accepts, applied by enqueue() when a call does not set them.
-JOB_DEFAULTS = ("queue", "priority", "max_attempts", "timeout", "retry_backoff")
 
 
 def is_framework_task(obj: object) -> bool:
@@ -56,6 +60,9 @@ class RegisteredTask:
 
 
 _registry: dict[str, RegisteredTask] = {}
+# The defaults of a path the registry does not know (one object: enqueue keeps what it
+# checked for a task's defaults while they are the same object).
+_NO_DEFAULTS: Mapping[str, Any] = types.MappingProxyType({})
 _lock = threading.RLock()
 _discovered = False
 _discovering = False
@@ -78,14 +85,8 @@ def job(func: F, /) -> F: ...
 @overload
 def job(
     *,
-    queue: str | None = None,
-    priority: int | None = None,
-    max_attempts: int | None = None,
-    timeout: float | None = None,
-    retry_backoff: float | None = None,
-    concurrency_key: str | None = None,
-    concurrency_limit: int | None = None,
     schedule: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+    **defaults: Unpack[JobDefaults],
 ) -> Callable[[F], F]: ...
 
 
@@ -93,20 +94,15 @@ def job(
     func: Any = None,
     /,
     *,
-    queue: str | None = None,
-    priority: int | None = None,
-    max_attempts: int | None = None,
-    timeout: float | None = None,
-    retry_backoff: float | None = None,
-    concurrency_key: str | None = None,
-    concurrency_limit: int | None = None,
     schedule: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+    **defaults: Any,
 ) -> Any:
     """Register a module-level function as a task, under ``module.qualname``.
 
-    ``@job`` or ``@job(queue="emails", max_attempts=5, timeout=30)``: the options are
-    defaults for every enqueue of this task (an enqueue() argument still wins). The
-    function is returned unchanged: calling it directly runs it in the caller.
+    ``@job`` or ``@job(queue="emails", max_attempts=5, timeout=30)``: the options
+    (``options.JOB_DEFAULTS``) are defaults for every enqueue of this task (an enqueue()
+    argument still wins), checked now. The function is returned unchanged: calling it
+    directly runs it in the caller.
     ``concurrency_key`` may be a format string over the job's arguments
     (``"customer:{customer_id}"`` from a keyword argument, ``"customer:{0}"`` from the
     first positional one), formatted at each enqueue; see docs/concurrency.md.
@@ -117,18 +113,12 @@ def job(
     also runs it on a schedule: the keys of a ``DBQUEUE['SCHEDULE']`` entry but ``task``,
     plus an optional ``name`` (default: the task's path); see docs/scheduling.md.
     """
-    defaults = _checked_defaults(
-        queue=queue,
-        priority=priority,
-        max_attempts=max_attempts,
-        timeout=timeout,
-        retry_backoff=retry_backoff,
-        concurrency_key=concurrency_key,
-        concurrency_limit=concurrency_limit,
-    )
+    # The queue's existence is checked by enqueue() and by the system checks: settings
+    # are not read while modules are being imported.
+    checked = check_defaults(defaults)
 
     def decorate(function: F) -> F:
-        entry = register(function, **defaults)
+        entry = register(function, **checked)
         if schedule is not None:
             _registry[entry.path] = replace(
                 entry, schedules=_declared_schedules(entry.path, schedule)
@@ -136,24 +126,6 @@ def job(
         return function
 
     return decorate if func is None else decorate(func)
-
-
-def _checked_defaults(**given: Any) -> dict[str, Any]:
-    """The defaults that were set, bounded as enqueue() bounds them (InvalidJob if not).
-
-    The queue's existence is checked by enqueue() and by the system checks: settings
-    are not read while modules are being imported.
-    """
-    checks: dict[str, Callable[[Any], Any]] = {
-        "queue": bounds.check_queue_name,
-        "priority": bounds.check_priority,
-        "max_attempts": bounds.check_max_attempts,
-        "timeout": bounds.check_timeout,
-        "retry_backoff": bounds.check_retry_backoff,
-        "concurrency_key": bounds.check_concurrency_key,
-        "concurrency_limit": bounds.check_concurrency_limit,
-    }
-    return {name: checks[name](value) for name, value in given.items() if value is not None}
 
 
 def _declared_schedules(
@@ -200,28 +172,12 @@ def register(function: Any, **defaults: Any) -> RegisteredTask:
             "synchronously. Use Django Tasks' @task for async functions."
         )
     path = f"{function.__module__}.{function.__qualname__}"
-    problem = _unimportable_name(function.__module__, function.__qualname__)
+    problem = unimportable_name(function.__module__, function.__qualname__)
     if problem:
         raise TypeError(f"@job cannot register {path}: {problem}")
-    entry = RegisteredTask(path, function, False, _checked_defaults(**defaults))
+    entry = RegisteredTask(path, function, False, check_defaults(defaults))
     _registry[path] = entry
     return entry
-
-
-def _unimportable_name(module: str, qualname: str) -> str:
-    """Why a worker could never find a function of this name ("" when it could)."""
-    if "<lambda>" in qualname:
-        return "lambdas have no name a worker could look up; define a module-level function."
-    if "<locals>" in qualname:
-        return (
-            "it is defined inside a function, so workers cannot find it; move it to module level."
-        )
-    if module == "__main__":
-        return (
-            f"{qualname} is defined in __main__ (a script or an interactive session), which "
-            "workers never import; move it into a module of your app, e.g. myapp/jobs.py."
-        )
-    return ""
 
 
 # -- looking tasks up ------------------------------------------------------------------
@@ -283,7 +239,7 @@ def _register_framework_task(path: str, task: Any) -> RegisteredTask:
     return entry
 
 
-def path_for_enqueue(task: Any, validate: bool = True) -> tuple[str, dict[str, Any]]:
+def path_for_enqueue(task: Any, validate: bool = True) -> tuple[str, Mapping[str, Any]]:
     """(task path, the task's registered defaults) for what enqueue() was given.
 
     ``task`` is a registered function, a Django Tasks ``Task`` or its function, or a
@@ -300,13 +256,13 @@ def path_for_enqueue(task: Any, validate: bool = True) -> tuple[str, dict[str, A
         entry = _registry.get(task)
         if entry is not None:
             return entry.path, entry.defaults
-        path = _checked_path_syntax(task)
+        path = checked_path_syntax(task)
         if not validate:
             entry = registered(path)
-            return path, entry.defaults if entry is not None else {}
+            return path, entry.defaults if entry is not None else _NO_DEFAULTS
         entry = find(path)
         return entry.path, entry.defaults
-    if isinstance(task, types.MethodType) or _is_bound_builtin(task):
+    if isinstance(task, types.MethodType) or is_bound_builtin(task):
         raise InvalidJob(
             f"{task!r} is a bound method: a job stores its arguments as JSON, never the "
             "object it belongs to. Enqueue a module-level @job function that takes the "
@@ -326,10 +282,10 @@ def path_for_enqueue(task: Any, validate: bool = True) -> tuple[str, dict[str, A
     path = f"{module}.{qualname}"
     entry = _registry.get(path)
     if entry is None:
-        problem = _unimportable_name(module, qualname)
+        problem = unimportable_name(module, qualname)
         if problem:
             raise InvalidJob(f"{path} cannot be enqueued: {problem}")
-        if not _found_under_own_name(task, module, qualname):
+        if not found_under_own_name(task, module, qualname):
             raise InvalidJob(
                 f"{path} cannot be enqueued: {qualname} is not found under that name in "
                 f"{module} (defined in a shell such as manage.py shell, or replaced by "
@@ -343,40 +299,6 @@ def path_for_enqueue(task: Any, validate: bool = True) -> tuple[str, dict[str, A
 def task_path(task: Any) -> str:
     """The path under which ``task`` (a registered function, Task or path) is stored."""
     return path_for_enqueue(task)[0]
-
-
-def _is_bound_builtin(task: Any) -> bool:
-    owner = getattr(task, "__self__", None)
-    return isinstance(task, types.BuiltinMethodType) and not (
-        owner is None or isinstance(owner, types.ModuleType)
-    )
-
-
-def _found_under_own_name(function: Any, module_name: str, qualname: str) -> bool:
-    """Is ``function`` what its module holds under its qualname (without importing)?"""
-    module = sys.modules.get(module_name)
-    if not isinstance(module, types.ModuleType):
-        return False
-    obj: Any = module
-    for name in qualname.split("."):
-        namespace = vars(obj) if isinstance(obj, types.ModuleType | type) else {}
-        obj = namespace.get(name)
-        if isinstance(obj, staticmethod | classmethod):
-            obj = obj.__func__
-    while obj is not None and obj is not function:
-        obj = getattr(obj, "__wrapped__", None) if isinstance(obj, types.FunctionType) else None
-    return obj is function
-
-
-def _checked_path_syntax(task: str) -> str:
-    path = task.strip()
-    if not path or "." not in path or any(not part.isidentifier() for part in path.split(".")):
-        raise InvalidJob(
-            f"{task[:100]!r} is not a dotted path to a task, e.g. 'myapp.jobs.send_mail'."
-        )
-    if len(path) > 255:
-        raise InvalidJob("a task path is at most 255 characters long.")
-    return path
 
 
 # -- discovery -------------------------------------------------------------------------

@@ -50,6 +50,8 @@ ROOT_MODULES = {
     "django_dbqueue.registry": "enqueue",
     "django_dbqueue.enqueueing": "enqueue",
     "django_dbqueue.bulk": "enqueue",
+    "django_dbqueue.arguments": "enqueue",
+    "django_dbqueue.task_names": "enqueue",
     "django_dbqueue": "shell",
     "django_dbqueue.apps": "shell",
     "django_dbqueue.checks": "shell",

@@ -7,7 +7,7 @@ cheap on tables with millions of rows (admin/filters.py, admin/paginator.py).
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.contrib import admin
 from django.contrib.admin.utils import flatten_fieldsets
@@ -34,6 +34,7 @@ from django_dbqueue.admin.paginator import CappedCountPaginator
 from django_dbqueue.admin.scheduling import dashboard_context
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Job
+from django_dbqueue.options import COLUMNS
 
 if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[Job]
@@ -55,6 +56,12 @@ def status_badge(status: str) -> SafeString:
 def pretty_json(value: Any) -> SafeString:
     text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
     return format_html('<pre class="dbq-pre">{}</pre>', text)
+
+
+def options_not_in(fieldsets: Any) -> tuple[str, ...]:
+    """Every option a job keeps in a column (``options.COLUMNS``) not in ``fieldsets``."""
+    shown = set(flatten_fieldsets(fieldsets))
+    return tuple(name for name in COLUMNS if name not in shown)
 
 
 class JobChangeList(ChangeList):
@@ -103,7 +110,7 @@ class JobAdmin(JobOperations, _ModelAdmin):
         "pause_queues",
         "resume_queues",
     )
-    fieldsets = (
+    fieldsets: ClassVar[Any] = (
         (None, {"fields": ("id", "task", "queue", "status_display", "priority", "backend")}),
         ("Call", {"fields": ("args_display", "kwargs_display", "result_display")}),
         (
@@ -122,20 +129,9 @@ class JobAdmin(JobOperations, _ModelAdmin):
         ),
         ("Worker", {"fields": ("owner", "owner_date", "cancel_requested")}),
         ("Errors", {"fields": ("last_error_display", "errors_display")}),
-        (
-            "Options",
-            {
-                "fields": (
-                    "max_attempts",
-                    "timeout",
-                    "retry_backoff",
-                    "unique_key",
-                    "concurrency_key",
-                    "concurrency_limit",
-                )
-            },
-        ),
     )
+    # Then every option the job keeps in a column.
+    fieldsets += (("Options", {"fields": options_not_in(fieldsets)}),)
     # Every field is read-only: jobs change state only through the operations.
     readonly_fields = flatten_fieldsets(fieldsets)
 

@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any, TypeGuard
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError, available_timezones
 
+from django_dbqueue import bounds
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import ScheduleError
 from django_dbqueue.scheduling.recurring import (
@@ -40,8 +41,9 @@ KEYS = (
     "max_missed",
 )
 NAME_MAX = 100  # names are stored with each tick row
-QUEUE_MAX = 64  # as Job.queue
-PRIORITY_RANGE = (-32768, 32767)  # as enqueue() accepts
+# As enqueue() bounds them.
+QUEUE_MAX = bounds.QUEUE_NAME_MAX
+PRIORITY_RANGE = bounds.PRIORITY_RANGE
 
 
 def schedules_from_settings() -> list[Schedule]:

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar, cast
 
 from django.apps import apps
 from django.core import checks
 from django.db import router, transaction
 
+from django_dbqueue.arguments import format_concurrency_key
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import InvalidJob, InvalidJobArguments, TaskNotFound
+from django_dbqueue.options import TASK_FIELDS
 from django_dbqueue.registry import registered
 from django_dbqueue.tasks.compat import (
     BaseTaskBackend,
@@ -50,6 +51,8 @@ class DBQueueTask(GenericTask[P, T]):
     version ``my_task.using(max_attempts=5, unique_key=f"report:{pk}")`` (and
     ``concurrency_key``/``concurrency_limit``). ``None``
     means the ``DBQUEUE`` default (``MAX_ATTEMPTS``, ``JOB_TIMEOUT``, ``RETRY_BACKOFF``).
+    The fields are those of ``options.TASK_FIELDS`` that the framework's Task lacks
+    (``tests/test_options.py`` holds them equal).
     """
 
     max_attempts: int | None = None
@@ -63,35 +66,10 @@ class DBQueueTask(GenericTask[P, T]):
     concurrency_key: str | None = None
     concurrency_limit: int | None = None
 
-    def using(
-        self,
-        *,
-        priority: int | None = None,
-        queue_name: str | None = None,
-        run_after: datetime | None = None,
-        backend: str | None = None,
-        max_attempts: int | None = None,
-        timeout: float | None = None,
-        retry_backoff: float | None = None,
-        unique_key: str | None = None,
-        concurrency_key: str | None = None,
-        concurrency_limit: int | None = None,
-        **other: Any,
-    ) -> Self:
-        """A copy with other defaults; ``other`` passes on options of newer Django versions."""
-        changes: dict[str, Any] = {
-            **other,
-            "priority": priority,
-            "queue_name": queue_name,
-            "run_after": run_after,
-            "backend": backend,
-            "max_attempts": max_attempts,
-            "timeout": timeout,
-            "retry_backoff": retry_backoff,
-            "unique_key": unique_key,
-            "concurrency_key": concurrency_key,
-            "concurrency_limit": concurrency_limit,
-        }
+    def using(self, **changes: Any) -> Self:
+        """A copy with other defaults: the framework's options (priority, queue_name,
+        run_after, backend, and those of newer Django versions) and the fields above,
+        ``options.TASK_FIELDS``; an option left at None keeps this task's value."""
         # Not super().using(): slots=True dataclasses break zero-argument super().
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
@@ -143,34 +121,19 @@ class DBQueueBackend(BaseTaskBackend):
     ) -> Job:
         """The Job for ``task`` called with ``args``/``kwargs``, unsaved. ``declaring``:
         no call yet, so a concurrency_key template is checked as it is, not formatted."""
-        from django_dbqueue.enqueueing import build_job, format_concurrency_key
+        from django_dbqueue.enqueueing import build_job
 
-        options: dict[str, Any] = {}
-        if isinstance(task, DBQueueTask):
-            key = task.concurrency_key
-            if key is not None and not declaring:
-                key = format_concurrency_key(key, args, kwargs)
-            options = {
-                "max_attempts": task.max_attempts,
-                "timeout": task.timeout,
-                "retry_backoff": task.retry_backoff,
-                "unique_key": task.unique_key,
-                "concurrency_key": key,
-                "concurrency_limit": task.concurrency_limit,
-            }
+        # Every option the Task carries (a framework Task only the framework's own).
+        options = {name: getattr(task, field, None) for name, field in TASK_FIELDS.items()}
+        # The framework allows any whole number (5.0 included); the column is an integer.
+        options["priority"] = int(task.priority)
+        key = options.get("concurrency_key")
+        if key is not None and not declaring:
+            options["concurrency_key"] = format_concurrency_key(key, args, kwargs)
         # By path, unchecked: validate_task() runs while the task's module is still being
         # imported, before the Task is in it; enqueue() checks it with _declared().
         return build_job(
-            task.module_path,
-            args,
-            kwargs,
-            queue=task.queue_name,
-            # The framework allows any whole number (5.0 included); the column is an integer.
-            priority=int(task.priority),
-            run_after=task.run_after,
-            backend=self.alias,
-            check_task=False,
-            **options,
+            task.module_path, args, kwargs, backend=self.alias, check_task=False, **options
         )
 
     def _declared(self, task: Task[..., Any]) -> Task[..., Any]:

@@ -8,33 +8,24 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_dbqueue import registry
-from django_dbqueue.conf import settings
+from django_dbqueue.options import OPTIONS, effective
 
-COLUMNS = ("path", "kind", "queue", "priority", "max_attempts", "timeout", "retry_backoff")
+# The options a task may set for all its jobs that fall back on a setting.
+LISTED = tuple(o for o in OPTIONS if o.job_default and o.setting)
+COLUMNS = ("path", "kind", *(option.name for option in LISTED))
 
 
 def describe(entry: registry.RegisteredTask) -> dict[str, Any]:
     """One task's row: its own defaults, or the DBQUEUE ones it falls back on."""
     if entry.is_framework_task:
         task = entry.func
-        return {
-            "path": entry.path,
-            "kind": "@task",
-            "queue": task.queue_name,
-            "priority": task.priority,
-            "max_attempts": getattr(task, "max_attempts", None) or settings.MAX_ATTEMPTS,
-            "timeout": getattr(task, "timeout", None) or settings.JOB_TIMEOUT,
-            "retry_backoff": getattr(task, "retry_backoff", None) or settings.RETRY_BACKOFF,
-        }
-    defaults = entry.defaults
+        own = {o.name: getattr(task, o.task_field or o.name, None) for o in LISTED}
+    else:
+        own = entry.defaults
     return {
         "path": entry.path,
-        "kind": "@job",
-        "queue": defaults.get("queue", settings.DEFAULT_QUEUE),
-        "priority": defaults.get("priority", settings.DEFAULT_PRIORITY),
-        "max_attempts": defaults.get("max_attempts", settings.MAX_ATTEMPTS),
-        "timeout": defaults.get("timeout", settings.JOB_TIMEOUT),
-        "retry_backoff": defaults.get("retry_backoff", settings.RETRY_BACKOFF),
+        "kind": "@task" if entry.is_framework_task else "@job",
+        **{option.name: effective(option, own.get(option.name)) for option in LISTED},
     }
 
 
