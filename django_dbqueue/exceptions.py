@@ -77,6 +77,12 @@ class LockLost(LockError):
     or its key was deleted. Work done since then may have overlapped with another holder."""
 
 
+class LockBackendUnavailable(LockError):
+    """The lock's backend (Redis, or the lock database) cannot be reached. The lock fails
+    closed: it is not held, so nothing it guards may run. ``named_lock``'s ``on_fail``
+    decides what the caller gets, as for a busy lock."""
+
+
 class LockNotHeld(LockError):
     """release() or extend() was called on a lock that this object does not hold."""
 

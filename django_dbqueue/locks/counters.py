@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from django.db import router, transaction
+from django.db import connections, router, transaction
 from django.db.models import Case, F, Q, Value, When
 
 from django_dbqueue.locks.named import default_backend_name
@@ -26,6 +26,25 @@ BIGINT_MAX = 2**63 - 1
 # hashed row has), and short enough for the 255-character column.
 PLAIN_ROW = re.compile(r"[a-z0-9_.:-]{1,255}\Z")
 FENCE = "fence:"
+
+# One autocommit statement that adds one to a dbqueue_counter row (made at 1) and gives
+# the new value back, per vendor; MySQL hands it back through LAST_INSERT_ID(expr), to
+# this session only. The fencing tokens of the database locks, and the epochs of Redis's.
+FENCE_UPSERT = {
+    "mysql": (
+        "INSERT INTO dbqueue_counter (name, value) VALUES (%s, LAST_INSERT_ID(1)) "
+        "ON DUPLICATE KEY UPDATE value = LAST_INSERT_ID(value + 1)"
+    ),
+    "postgresql": (
+        "INSERT INTO dbqueue_counter (name, value) VALUES (%s, 1) "
+        "ON CONFLICT (name) DO UPDATE SET value = dbqueue_counter.value + 1 RETURNING value"
+    ),
+    "sqlite": (
+        "INSERT INTO dbqueue_counter (name, value) VALUES (%s, 1) "
+        "ON CONFLICT (name) DO UPDATE SET value = value + 1 RETURNING value"
+    ),
+}
+MYSQL_READ_BACK = "SELECT LAST_INSERT_ID()"
 
 
 def counter_row(name: str, *, fencing: bool = False) -> str:
@@ -73,6 +92,24 @@ def next_counter_value(
     if kind != "database":
         raise ValueError(f"Counter backend must be 'redis' or 'database', not {kind!r}.")
     return database_counter_next(counter_row(name), min_value, max_value, using)
+
+
+def durable_increment(alias: str, row: str) -> int:
+    """Add one to ``dbqueue_counter`` row ``row`` of database ``alias`` and return the new
+    value, on a connection of its own in autocommit: the value is committed when this
+    returns, whatever transaction the caller is in (it never rolls back with it)."""
+    connection = connections.create_connection(alias)
+    try:
+        vendor = connection.vendor
+        with connection.cursor() as cursor:
+            cursor.execute(FENCE_UPSERT[vendor], [row])
+            if vendor == "mysql":
+                cursor.execute(MYSQL_READ_BACK)
+            found = cursor.fetchone()
+        assert found is not None
+        return int(found[0])
+    finally:
+        connection.close()
 
 
 def database_counter_next(row: str, min_value: int, max_value: int, using: str | None) -> int:
