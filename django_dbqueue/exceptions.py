@@ -40,6 +40,12 @@ class JobCancelled(BaseException):
     """Raised inside a running job whose cancellation an operator requested."""
 
 
+class ActionConflict(DBQueueError):
+    """An operator action (requeue, cancel, run now, delete) kept running into other
+    writers (deadlocks, lock wait timeouts) after its retries. The statement that failed
+    was rolled back; run the action again."""
+
+
 class LeaseLost(DBQueueError):
     """This worker no longer owns the job: its lease ran out and another worker took it over."""
 

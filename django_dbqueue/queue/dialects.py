@@ -520,6 +520,8 @@ def estimated_rows(using: str, table: str) -> int | None:
 
 # MySQL/MariaDB: "Deadlock found when trying to get lock" (the transaction was rolled back).
 MYSQL_DEADLOCK = 1213
+# MySQL/MariaDB: "Lock wait timeout exceeded" (only the statement was rolled back).
+MYSQL_LOCK_WAIT_TIMEOUT = 1205
 
 
 def is_deadlock(exc: BaseException) -> bool:
@@ -529,3 +531,15 @@ def is_deadlock(exc: BaseException) -> bool:
         return True
     cause = exc.__cause__
     return getattr(cause, "sqlstate", None) == "40P01"  # PostgreSQL deadlock_detected
+
+
+def is_lock_conflict(exc: BaseException) -> bool:
+    """A deadlock, or a lock wait that timed out: another writer was in the way, and the
+    same statement may well pass when tried again."""
+    if is_deadlock(exc):
+        return True
+    code = exc.args[0] if exc.args else None
+    if code == MYSQL_LOCK_WAIT_TIMEOUT:
+        return True
+    cause = exc.__cause__
+    return getattr(cause, "sqlstate", None) == "55P03"  # PostgreSQL lock_not_available
