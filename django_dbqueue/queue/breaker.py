@@ -119,6 +119,7 @@ def bounded_redis(client: Any, timeout: float = CALL_TIMEOUT) -> Any:
     seconds to connect and for each reply, and never retries (redis-py retries three
     times with a backoff by default). Its own connection pool: the original's
     connections keep their own timeouts."""
+    # redis is an optional dependency (the [redis] extra), needed only here.
     from redis import Redis
     from redis.backoff import NoBackoff
     from redis.retry import Retry
@@ -131,5 +132,10 @@ def bounded_redis(client: Any, timeout: float = CALL_TIMEOUT) -> Any:
         retry=Retry(NoBackoff(), 0),
         retry_on_error=[],
     )
-    new_pool = type(pool)(connection_class=pool.connection_class, **kwargs)
+    try:
+        new_pool = type(pool)(connection_class=pool.connection_class, **kwargs)
+    except TypeError:
+        # A pool that needs more than its connections' arguments (Sentinel's): keep the
+        # client as it is; the breaker still limits the cost to one call per cool-down.
+        return client
     return Redis(connection_pool=new_pool)
