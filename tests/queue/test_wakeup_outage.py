@@ -63,7 +63,13 @@ def test_a_hung_redis_never_holds_enqueue_up_and_warns_once(
             Worker(burst=True, handle_signals=False).run()
             assert Job.objects.filter(status="done").count() == 101
             server.resume()
-            wait_until(lambda: heard_again(listener), timeout=60)
+
+            def recovered() -> bool:
+                enqueue(jobs.noop)  # one past the cool-down starts the probe
+                return len(outage_warnings(caplog)) >= 2
+
+            wait_until(recovered, timeout=90, interval=0.2)
+            wait_until(lambda: heard_again(listener), timeout=30)
         finally:
             server.resume()
             listener.close()
