@@ -40,6 +40,12 @@ class JobCancelled(BaseException):
     """Raised inside a running job whose cancellation an operator requested."""
 
 
+class ActionConflict(DBQueueError):
+    """An operator action (requeue, cancel, run now, delete) kept running into other
+    writers (deadlocks, lock wait timeouts) after its retries. The statement that failed
+    was rolled back; run the action again."""
+
+
 class LeaseLost(DBQueueError):
     """This worker no longer owns the job: its lease ran out and another worker took it over."""
 
@@ -75,6 +81,12 @@ class LockNotAcquired(LockError):
 class LockLost(LockError):
     """The holder no longer owns the lock: its lease expired, its database session ended,
     or its key was deleted. Work done since then may have overlapped with another holder."""
+
+
+class LockBackendUnavailable(LockError):
+    """The lock's backend (Redis, or the lock database) cannot be reached. The lock fails
+    closed: it is not held, so nothing it guards may run. ``named_lock``'s ``on_fail``
+    decides what the caller gets, as for a busy lock."""
 
 
 class LockNotHeld(LockError):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from django.contrib import admin
 from django.contrib.admin.utils import flatten_fieldsets
 from django.contrib.admin.views.main import ChangeList
-from django.core.exceptions import PermissionDenied, SuspiciousOperation
+from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -29,6 +29,7 @@ from django_dbqueue.admin.filters import (
     TaskFilter,
     parse_job_id,
 )
+from django_dbqueue.admin.lookups import refuse_crafted_lookups
 from django_dbqueue.admin.operations import JobOperations
 from django_dbqueue.admin.paginator import CappedCountPaginator
 from django_dbqueue.admin.scheduling import dashboard_context
@@ -272,10 +273,7 @@ class JobAdmin(JobOperations, _ModelAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        if any("\x00" in value for _, values in request.GET.lists() for value in values):
-            # PostgreSQL cannot compare text with a NUL character in it (a DataError, i.e.
-            # a 500 page), and no stored value holds one: refuse the request.
-            raise SuspiciousOperation("A NUL character in the job list's query string.")
+        refuse_crafted_lookups(self.model, request.GET)  # a 400, not a 500 from SQL
         action = request.POST.get("action", "") if request.method == "POST" else ""
         if action and action not in self.get_actions(request):
             # Django would answer "No action selected"; a refused action is a 403.

@@ -2,6 +2,7 @@
 shared wrap-around counter. See docs/locks.md."""
 
 from django_dbqueue.exceptions import (
+    LockBackendUnavailable,
     LockConfigurationError,
     LockError,
     LockLost,
@@ -16,6 +17,7 @@ from django_dbqueue.locks.named import get_backend, named_lock
 
 __all__ = [
     "BaseLock",
+    "LockBackendUnavailable",
     "LockConfigurationError",
     "LockError",
     "LockLost",

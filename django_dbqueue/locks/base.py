@@ -15,7 +15,13 @@ from collections.abc import Callable
 from typing import ClassVar
 
 from django_dbqueue.conf import settings
-from django_dbqueue.exceptions import LockError, LockLost, LockNotAcquired, LockNotHeld
+from django_dbqueue.exceptions import (
+    LockBackendUnavailable,
+    LockError,
+    LockLost,
+    LockNotAcquired,
+    LockNotHeld,
+)
 from django_dbqueue.locks.renew import AutoRenew
 
 logger = logging.getLogger("django_dbqueue.locks")
@@ -178,6 +184,18 @@ class BaseLock(ABC):
         logger.warning("Lock %r (%s) was lost by its holder.", self.name, self.backend_name)
         if self.on_lost is not None:
             self.on_lost(self)
+
+    def address(self) -> str:
+        """Where the backend's server is, for error messages (no credentials)."""
+        return "?"
+
+    def unavailable(self, error: BaseException) -> LockBackendUnavailable:
+        """The error for a backend that cannot be reached: named, with its address."""
+        return LockBackendUnavailable(
+            f"Lock {self.name!r}: the {self.backend_name} lock backend at {self.address()} "
+            f"cannot be reached ({type(error).__name__}: {error}). The lock fails closed: "
+            "it is not held (see docs/locks.md, 'When the backend is down')."
+        )
 
     def close(self) -> None:  # noqa: B027  (most backends hold nothing to free)
         """Free what the acquisition used (a dedicated connection); idempotent."""

@@ -2,46 +2,20 @@
 
 On Redis it is one Lua script (INCR, wrapping to ``min_value`` past ``max_value``); on the
 database one ``UPDATE ... SET value = CASE ... END`` on the ``dbqueue_counter`` row, read
-back in the same transaction, never a read-then-write.
-
-Rows are named so that two counters share a row only when their names are equal, under
-any collation (MySQL's default ones ignore case, trailing spaces and control characters),
-and no counter reaches the fencing tokens of a lock (see :func:`counter_row`).
+back in the same transaction, never a read-then-write. Which row a counter uses:
+:func:`~django_dbqueue.locks.counter_rows.counter_row`.
 """
 
 from __future__ import annotations
 
-import re
-
 from django.db import router, transaction
 from django.db.models import Case, F, Q, Value, When
 
+from django_dbqueue.locks.counter_rows import counter_row
 from django_dbqueue.locks.named import default_backend_name
-from django_dbqueue.locks.names import readable, tagged_digest
 
 BIGINT_MIN = -(2**63)
 BIGINT_MAX = 2**63 - 1
-
-# Row names kept as they are: the same string under every collation, no "~" (which every
-# hashed row has), and short enough for the 255-character column.
-PLAIN_ROW = re.compile(r"[a-z0-9_.:-]{1,255}\Z")
-FENCE = "fence:"
-
-
-def counter_row(name: str, *, fencing: bool = False) -> str:
-    """The ``dbqueue_counter`` row of counter ``name`` (``fencing``: of the fencing tokens
-    of the lock whose full name is ``name``).
-
-    A fencing row is ``fence:<full name>`` and a counter's is its name when that is plain
-    (lower-case ASCII letters, digits, ``_.:-``); a counter named ``fence:...`` never is.
-    Every other name becomes a readable part, ``~`` and the SHA-256 of the name tagged with
-    its kind, so neither kind can reach the other's rows.
-    """
-    plain = FENCE + name if fencing else name
-    if PLAIN_ROW.match(plain) and (fencing or not name.startswith(FENCE)):
-        return plain
-    digest = tagged_digest("fence" if fencing else "counter", name)
-    return f"{readable(plain, 255 - 1 - len(digest))}~{digest}"
 
 
 def next_counter_value(

@@ -19,7 +19,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_dbqueue.conf import settings
 from django_dbqueue.locks.base import BaseLock
-from django_dbqueue.locks.counters import counter_row
+from django_dbqueue.locks.counter_rows import counter_row
 
 
 class DatabaseLock(BaseLock):
@@ -44,10 +44,21 @@ class DatabaseLock(BaseLock):
         """First column of the first row, on the dedicated connection."""
         if self.connection is None:
             self.connection = connections.create_connection(self.alias)
+            try:
+                self.connection.ensure_connection()
+            except DatabaseError as exc:
+                # Only a failure to connect: errors of a session that was open are the
+                # lock's to interpret (a killed session has lost its lock).
+                raise self.unavailable(exc) from exc
         with self.connection.cursor() as cursor:
             cursor.execute(sql, params)
             row = cursor.fetchone()
         return row[0] if row else None
+
+    def address(self) -> str:
+        params = connections[self.alias].settings_dict
+        where = f"{params.get('HOST') or 'localhost'}:{params.get('PORT') or 'default port'}"
+        return f"{where} (database {self.alias!r}, {params.get('NAME')!r})"
 
     def do_acquire(self) -> bool:
         for slot in self.slots():

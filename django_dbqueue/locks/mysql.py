@@ -10,6 +10,7 @@ N tries its N slot keys in turn with ``GET_LOCK(key, 0)``.
 
 from __future__ import annotations
 
+from django_dbqueue.locks.counter_rows import FENCE_UPSERT, MYSQL_READ_BACK
 from django_dbqueue.locks.database import DatabaseLock
 from django_dbqueue.locks.names import lock_digest, readable
 
@@ -25,16 +26,11 @@ def get_lock_name(full_name: str, slot: int | None) -> str:
 class MySQLLock(DatabaseLock):
     backend_name = "mysql"
     vendor = "mysql"
-    # LAST_INSERT_ID(expr) hands the new value back to this session only: one atomic
-    # statement, no read-then-write, and it works the same on MariaDB and MySQL.
-    fencing_sql = (
-        "INSERT INTO dbqueue_counter (name, value) VALUES (%s, LAST_INSERT_ID(1)) "
-        "ON DUPLICATE KEY UPDATE value = LAST_INSERT_ID(value + 1)"
-    )
+    fencing_sql = FENCE_UPSERT["mysql"]
 
     def query_token(self, counter: str) -> int:
         self.query(self.fencing_sql, [counter])
-        return int(self.query("SELECT LAST_INSERT_ID()", []))
+        return int(self.query(MYSQL_READ_BACK, []))
 
     def lock_key(self, slot: int | None) -> str:
         return get_lock_name(self.full_name, slot)

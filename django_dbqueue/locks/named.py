@@ -17,6 +17,8 @@ from django.utils.module_loading import import_string
 
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import (
+    LockBackendUnavailable,
+    LockError,
     LockLost,
     LockNotAcquired,
     LockReleasedBeforeCommit,
@@ -81,10 +83,12 @@ class named_lock:  # lower case: it reads like a function, `with named_lock(...)
     ``with named_lock("report") as lock:`` gives the backend lock object (``lock.owned()``,
     ``lock.extend()``, ``lock.lost``, ``lock.fencing_token``). As a decorator the name may
     use the function's arguments: ``@named_lock("fetch:{item_id}")``, or be a callable
-    taking the same arguments. When the lock is not acquired, ``on_fail`` decides:
-    ``"raise"`` (:class:`LockNotAcquired`), ``"retry"`` (:class:`RetryJob` so a job runs
-    again later), an HTTP status such as 409/423/429 (a view returns that response), or a
-    callable taking the function's arguments whose result is returned instead.
+    taking the same arguments. When the lock is not acquired (busy, or its backend cannot
+    be reached: the lock fails closed), ``on_fail`` decides: ``"raise"``
+    (:class:`LockNotAcquired`, or :class:`LockBackendUnavailable`), ``"retry"``
+    (:class:`RetryJob` so a job runs again later), an HTTP status such as 409/423/429 (a
+    view returns that response), or a callable taking the function's arguments whose
+    result is returned instead.
     """
 
     def __init__(
@@ -198,7 +202,7 @@ class named_lock:  # lower case: it reads like a function, `with named_lock(...)
             name = self.name_for(signature, args, kwargs)
             try:
                 lock = self.acquire(name)
-            except LockNotAcquired as error:
+            except (LockNotAcquired, LockBackendUnavailable) as error:
                 return self.not_acquired(error, args, kwargs)
             try:
                 result = func(*args, **kwargs)
@@ -236,7 +240,11 @@ class named_lock:  # lower case: it reads like a function, `with named_lock(...)
                 arguments.update(arguments.pop(param.name, {}))
         return self.name.format(**arguments)
 
-    def not_acquired(self, error: LockNotAcquired, args: Any, kwargs: Any) -> Any:
+    def not_acquired(self, error: LockError, args: Any, kwargs: Any) -> Any:
+        """What the decorated call gives when the lock is busy or its backend is down
+        (then the lock fails closed: the function does not run either way)."""
+        if isinstance(error, LockBackendUnavailable) and self.on_fail != "raise":
+            logger.warning("%s", error)  # on_fail answers for it: say so once here
         if self.on_fail == "raise":
             raise error
         if self.on_fail == "retry":

@@ -9,6 +9,7 @@ of ``pg_try_advisory_lock`` with backoff. Advisory locks are per database.
 
 from __future__ import annotations
 
+from django_dbqueue.locks.counter_rows import FENCE_UPSERT
 from django_dbqueue.locks.database import DatabaseLock
 from django_dbqueue.locks.names import lock_digest
 
@@ -21,10 +22,7 @@ def advisory_key(full_name: str, slot: int | None) -> int:
 class PostgresLock(DatabaseLock):
     backend_name = "postgres"
     vendor = "postgresql"
-    fencing_sql = (
-        "INSERT INTO dbqueue_counter (name, value) VALUES (%s, 1) "
-        "ON CONFLICT (name) DO UPDATE SET value = dbqueue_counter.value + 1 RETURNING value"
-    )
+    fencing_sql = FENCE_UPSERT["postgresql"]
 
     def query_token(self, counter: str) -> int:
         return int(self.query(self.fencing_sql, [counter]))

@@ -8,6 +8,11 @@ to in one script. Keys: ``<LOCK_PREFIX>mutex:<name>``, ``semaphore:<name>``, ``f
 and, for :func:`next_counter_value`, ``counter:<name>``: the kind right after the prefix
 keeps each kind's keys apart (a mutex named ``x:fence`` is still ``mutex:x:fence``), and a
 semaphore is one key, not one per slot. Keys are bytes, so any str is a name.
+
+Fencing tokens are ``epoch << 32`` plus the count in the fence key, the epoch drawn from
+the lock database whenever the fence key is missing (first use, a restart without
+persistence, an eviction): they never go backwards. A server that cannot be reached
+raises :class:`LockBackendUnavailable` (the lock fails closed).
 """
 
 from __future__ import annotations
@@ -22,7 +27,16 @@ from django.db import connections
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import LockConfigurationError
 from django_dbqueue.locks.base import BaseLock
+from django_dbqueue.locks.counter_rows import counter_row, durable_increment
 from django_dbqueue.locks.names import encode
+
+try:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    UNREACHABLE: tuple[type[Exception], ...] = (RedisConnectionError, RedisTimeoutError)
+except ImportError:  # redis_client() explains what to install
+    UNREACHABLE = ()
 
 REDIS_CACHE_BACKEND = "django_redis.cache.RedisCache"
 
@@ -32,12 +46,27 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 """
 
-# Returns 0 when busy, -1 when acquired without fencing, else the new fencing token.
-MUTEX_ACQUIRE = """
+# Fencing tokens survive a Redis that restarts without persistence (or evicts the key):
+# a missing fence key (-2 below, before anything is taken) is seeded with a new epoch
+# drawn from the lock database, shifted left by EPOCH_BITS, so every token after the
+# restart is larger than every token before it. Lua numbers are doubles: tokens stay
+# exact below 2**53, i.e. for 2**21 epochs of 2**32 acquisitions each.
+EPOCH_BITS = 32
+NO_FENCE = -2
+_FENCE_MISSING = """
+if ARGV[%d] == '1' and redis.call('EXISTS', KEYS[2]) == 0 then return -2 end
+"""
+
+# Returns 0 when busy, -1 when acquired without fencing, -2 when the fence key must be
+# seeded first (nothing taken), else the new fencing token.
+MUTEX_ACQUIRE = (
+    _FENCE_MISSING % 3
+    + """
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
 if ARGV[3] == '1' then return redis.call('INCR', KEYS[2]) end
 return -1
 """
+)
 MUTEX_RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -47,7 +76,8 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[
 return 0
 """
 SEMAPHORE_ACQUIRE = (
-    _NOW
+    _FENCE_MISSING % 4
+    + _NOW
     + """
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
@@ -166,34 +196,56 @@ class RedisLock(BaseLock):
         self.fence_key = redis_key("fence", name)
 
     def _run(self, source: str, keys: list[bytes], *args: object) -> int:
-        return int(self.client.register_script(source)(keys=keys, args=list(args)))
+        try:
+            return int(self.client.register_script(source)(keys=keys, args=list(args)))
+        except UNREACHABLE as exc:
+            raise self.unavailable(exc) from exc
 
     def _ms(self, seconds: float) -> int:
         return max(1, int(seconds * 1000))
 
+    def address(self) -> str:
+        params = self.client.connection_pool.connection_kwargs
+        if params.get("path"):
+            return f"unix:{params['path']}"
+        return f"{params.get('host', 'localhost')}:{params.get('port', 6379)}"
+
     def do_acquire(self) -> bool:
-        fencing = "1" if self.fencing else "0"
-        if self.limit == 1:
-            result = self._run(
-                MUTEX_ACQUIRE,
-                [self.key, self.fence_key],
-                self.token,
-                self._ms(self.timeout),
-                fencing,
-            )
+        for _ in range(3):
+            result = self._try_acquire()
+            if result != NO_FENCE:
+                break
+            self._seed_fence()
         else:
-            result = self._run(
-                SEMAPHORE_ACQUIRE,
-                [self.key, self.fence_key],
-                self.token,
-                self._ms(self.timeout),
-                self.limit,
-                fencing,
-            )
+            raise self.unavailable(RuntimeError("the fence key vanished three times in a row"))
         if result == 0:
             return False
         self.fencing_token = result if result > 0 else None
         return True
+
+    def _try_acquire(self) -> int:
+        fencing = "1" if self.fencing else "0"
+        if self.limit == 1:
+            keys = [self.key, self.fence_key]
+            return self._run(MUTEX_ACQUIRE, keys, self.token, self._ms(self.timeout), fencing)
+        return self._run(
+            SEMAPHORE_ACQUIRE,
+            [self.key, self.fence_key],
+            self.token,
+            self._ms(self.timeout),
+            self.limit,
+            fencing,
+        )
+
+    def _seed_fence(self) -> None:
+        """Start the fence key at a new epoch from the lock database (durable: it only
+        grows), unless another holder seeded it first."""
+        row = counter_row(self.full_name, fencing=True)
+        epoch = durable_increment(settings.LOCK_DATABASE_ALIAS, row)
+        try:
+            self.client.set(self.fence_key, epoch << EPOCH_BITS, nx=True)
+        except UNREACHABLE as exc:
+            raise self.unavailable(exc) from exc
 
     def do_release(self) -> bool:
         source = MUTEX_RELEASE if self.limit == 1 else SEMAPHORE_RELEASE
@@ -205,5 +257,8 @@ class RedisLock(BaseLock):
 
     def do_owned(self) -> bool:
         if self.limit == 1:
-            return bool(self.client.get(self.key) == self.token.encode())
+            try:
+                return bool(self.client.get(self.key) == self.token.encode())
+            except UNREACHABLE as exc:
+                raise self.unavailable(exc) from exc
         return self._run(SEMAPHORE_EXTEND, [self.key], self.token, 0) == 1

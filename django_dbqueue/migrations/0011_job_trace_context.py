@@ -4,7 +4,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     # The lead re-points this at 0010 (issue #25's migration) when merging.
     dependencies = [
-        ("django_dbqueue", "0009_mysql_job_finished_index"),
+        ("django_dbqueue", "0010_mysql_exact_keys"),
     ]
 
     operations = [

@@ -3,7 +3,8 @@
 Each write is guarded by status, so a job that changed state meanwhile (a worker claimed
 it, finished it) is left alone instead of being overwritten. On MySQL an UPDATE locks
 every index record it scans: call these on querysets filtered by primary key (the admin
-works through large selections in chunks of ids).
+works through large selections in chunks of ids). Each statement (or short transaction)
+is retried through deadlocks and lock wait timeouts (queue/conflicts.py).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from django.db import IntegrityError, connections, models, transaction
+from django.db import IntegrityError, connections, models, router, transaction
 from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from django_dbqueue.queue.claim import CLAIM_ORDER
 from django_dbqueue.queue.concurrency import PARKED_UNTIL
+from django_dbqueue.queue.conflicts import retry_conflicts
 from django_dbqueue.queue.dialects import dialect, write_transaction
 from django_dbqueue.status import CANCELLED, CLAIMED, DONE, FAILED, FINISHED, QUEUED
 
@@ -82,6 +84,12 @@ class JobQuerySet(models.QuerySet["Job"]):
     def finished(self) -> JobQuerySet:
         return self.filter(status__in=FINISHED)
 
+    def _write_db(self) -> str:
+        """The database these rows are written on (``db`` names the read one until a
+        write starts), known before the write: the retry needs it to see a transaction."""
+        explicit: str | None = getattr(self, "_db", None)
+        return explicit or router.db_for_write(self.model, **getattr(self, "_hints", {}))
+
     def requeue(self, run_now: bool = False) -> int:
         """Put failed, cancelled and done jobs back in the queue; returns how many.
 
@@ -119,21 +127,28 @@ class JobQuerySet(models.QuerySet["Job"]):
             if run_now
             else Case(When(run_after__gte=PARKED_UNTIL, then=Value(now)), default=F("run_after"))
         )
-        requeueable = self.filter(status__in=[FAILED, CANCELLED, DONE])
-        report = RequeueReport(requeued=requeueable.filter(origin_unique_key=None).update(**fields))
+        using = self._write_db()
+        requeueable = self.using(using).filter(status__in=[FAILED, CANCELLED, DONE])
+        unkeyed = requeueable.filter(origin_unique_key=None)
+        report = RequeueReport(
+            requeued=retry_conflicts(using, "requeue", lambda: unkeyed.update(**fields))
+        )
         keyed = requeueable.exclude(origin_unique_key=None).order_by("pk")
         for pk, key in keyed.values_list("pk", "origin_unique_key"):
-            try:
+            one = self.model._default_manager.using(using).filter(
+                pk=pk, status__in=[FAILED, CANCELLED, DONE]
+            )
+
+            def requeue_one(one: Any = one, key: str | None = key) -> int:
                 # A savepoint: on PostgreSQL a failed statement spoils the transaction.
-                with transaction.atomic(using=keyed.db):
-                    changed = (
-                        self.model._default_manager.using(keyed.db)
-                        .filter(pk=pk, status__in=[FAILED, CANCELLED, DONE])
-                        .update(unique_key=key, **fields)
-                    )
+                with transaction.atomic(using=using):
+                    return int(one.update(unique_key=key, **fields))
+
+            try:
+                changed = retry_conflicts(using, "requeue", requeue_one)
             except IntegrityError:
                 holder = (
-                    self.model._default_manager.using(keyed.db)
+                    self.model._default_manager.using(using)
                     .filter(unique_key=key)
                     .values_list("pk", flat=True)
                     .first()
@@ -153,23 +168,31 @@ class JobQuerySet(models.QuerySet["Job"]):
         """
         now = timezone.now()
         locked = self.select_for_update().filter(status__in=[QUEUED, CLAIMED])
-        with write_transaction(locked.db):  # select_for_update() routes it for writing
-            list(locked.values_list("id", flat=True))
-            active = self.using(locked.db).filter(status__in=[QUEUED, CLAIMED])
-            cancelled = active.filter(status=QUEUED).update(
-                status=CANCELLED, finished_at=now, unique_key=None, owner_date=None
-            )
-            asked = active.filter(status=CLAIMED).update(cancel_requested=True)
-        return cancelled, asked
+
+        def cancel_locked() -> tuple[int, int]:
+            with write_transaction(locked.db):  # select_for_update() routes it for writing
+                list(locked.values_list("id", flat=True))
+                active = self.using(locked.db).filter(status__in=[QUEUED, CLAIMED])
+                cancelled = active.filter(status=QUEUED).update(
+                    status=CANCELLED, finished_at=now, unique_key=None, owner_date=None
+                )
+                asked = active.filter(status=CLAIMED).update(cancel_requested=True)
+            return cancelled, asked
+
+        return retry_conflicts(locked.db, "cancel", cancel_locked)
 
     def run_now(self) -> int:
         """Make queued jobs runnable at once (their ``run_after`` becomes now)."""
-        return self.filter(status=QUEUED).update(run_after=timezone.now())
+        queued = self.using(self._write_db()).filter(status=QUEUED)
+        return retry_conflicts(
+            queued.db, "run now", lambda: queued.update(run_after=timezone.now())
+        )
 
     def delete_unclaimed(self) -> int:
         """Delete these jobs except those a worker is running (cancel those first).
 
         Returns how many rows were deleted.
         """
-        deleted, _ = self.exclude(status=CLAIMED).delete()
+        unclaimed = self.using(self._write_db()).exclude(status=CLAIMED)
+        deleted, _ = retry_conflicts(unclaimed.db, "delete", unclaimed.delete)
         return deleted

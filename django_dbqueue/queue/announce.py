@@ -56,6 +56,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
 from django_dbqueue.conf import PerSettings, settings
+from django_dbqueue.queue.breaker import CircuitBreaker, bounded_redis
 from django_dbqueue.queue.dialects import dialect
 
 logger = logging.getLogger("django_dbqueue.wakeup")
@@ -85,13 +86,27 @@ class _Config(NamedTuple):
     wakeup: bool
     redis_alias: str | None
     redis_channels: dict[str, str]  # filled as names are asked for
+    # alias -> the bounded client announcements are published with, and its breaker.
+    publishers: dict[str, tuple[Any, CircuitBreaker]]
 
 
 _config = PerSettings(
-    lambda: _Config(bool(settings.WAKEUP), settings.WAKEUP_REDIS_ALIAS or None, {}),
+    lambda: _Config(bool(settings.WAKEUP), settings.WAKEUP_REDIS_ALIAS or None, {}, {}),
     "DBQUEUE",
     "CACHES",
 )
+
+
+def _publisher(alias: str) -> tuple[Any, CircuitBreaker]:
+    """A publishing client that never holds an enqueue up (queue/breaker.py), and the
+    breaker that skips Redis while it is down or hung."""
+    publishers = _config().publishers
+    found = publishers.get(alias)
+    if found is None:
+        client = bounded_redis(redis_client(alias))
+        breaker = CircuitBreaker(f"Redis wake-up (cache {alias!r})", probe=client.ping)
+        found = publishers[alias] = (client, breaker)
+    return found
 
 
 def redis_channel(name: str) -> str:
@@ -167,7 +182,15 @@ def notify(queues: Iterable[str], channel: str = CHANNEL, using: str | None = No
             key = (how, f"{alias}:{name}", payload)
             if channel == CHANNEL and _announced_since(key, started):
                 return
-            redis_client(alias).publish(name, payload)
+            client, breaker = _publisher(alias)
+            if not breaker.allow(started):
+                return
+            try:
+                client.publish(name, payload)
+            except Exception as exc:
+                breaker.failed(time.monotonic(), exc)  # warns once per outage
+                return
+            breaker.succeeded()
     except Exception as exc:  # a hint only: never fail the caller's request over it
         logger.warning("Could not notify workers (%s); they will find out by polling", exc)
         return

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import sys
+from inspect import isclass
 from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
@@ -47,6 +49,50 @@ STATUS_MAP: dict[str, TaskResultStatus] = {
     "failed": TaskResultStatus.FAILED,
     "cancelled": TaskResultStatus.FAILED,
 }
+
+
+class StoredTaskError(TaskError):
+    """A ``TaskError`` read from a row: its class is looked up, never imported.
+
+    The framework's ``exception_class`` imports whatever ``exception_class_path`` names;
+    the path comes from a row, which anyone with write access to the table can craft, so
+    importing it would run that module's code in the reader's process. Here the class is
+    resolved only among modules this process has already imported (exception classes the
+    worker recorded are normally among them); anything else raises ``ValueError`` naming
+    the path, as the framework does for a path that is not an exception.
+    """
+
+    __slots__ = ()
+
+    @property
+    def exception_class(self) -> type[BaseException]:
+        found = loaded_exception_class(self.exception_class_path)
+        if found is None:
+            raise ValueError(
+                f"{self.exception_class_path!r} is not an exception class of a module "
+                "this process has imported; stored paths are never imported on read."
+            )
+        return found
+
+
+def loaded_exception_class(path: str) -> type[BaseException] | None:
+    """The exception class ``path`` names, if its module is in ``sys.modules``, else None.
+
+    Attributes are read from the module's ``__dict__``: a module-level ``__getattr__``
+    (PEP 562) could import on access.
+    """
+    parts = path.split(".")
+    # The longest loaded module prefix: a class nested in a class ("m.Outer.Inner") too.
+    for cut in range(len(parts) - 1, 0, -1):
+        found: object = sys.modules.get(".".join(parts[:cut]))
+        if found is None:
+            continue
+        for name in parts[cut:]:
+            found = vars(found).get(name) if hasattr(found, "__dict__") else None
+        if isclass(found) and issubclass(found, BaseException):
+            return found
+        return None
+    return None
 
 
 def task_of_job(job: Job, target: object = None) -> Task[..., Any]:
@@ -100,7 +146,7 @@ def task_result_from_job(job: Job, task: Task[..., Any] | None = None) -> TaskRe
         kwargs=dict(job.kwargs or {}),
         backend=job.backend or task.backend,
         errors=[
-            TaskError(
+            StoredTaskError(
                 exception_class_path=str(error.get("exception_class_path", "")),
                 traceback=str(error.get("traceback", "")),
             )

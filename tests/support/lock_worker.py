@@ -4,6 +4,10 @@ Run as ``python -m tests.support.lock_worker '<json params>'``. It prints ``read
 line on stdin (so every process starts contending at the same moment), then prints one
 JSON line per acquisition: when it got and gave back the lock, its fencing token and the
 value it drew from the shared counter.
+
+With ``barrier`` (a directory) and ``meet`` (a number), each process's first acquisition
+waits, while holding the lock, until ``meet`` holders have arrived: a semaphore's holders
+then overlap for certain, whatever the machine's load.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import os
 import sys
 import time
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 import django
@@ -38,11 +43,21 @@ def read_modify_write(backend: str, key: str) -> None:
         Counter.objects.filter(name=key).update(value=value + 1)
 
 
+def meet_while_holding(directory: str, count: int) -> None:
+    """Arrive at the file barrier in ``directory`` and wait for ``count`` arrivals."""
+    Path(directory, str(os.getpid())).touch()
+    deadline = time.monotonic() + 60
+    while len(os.listdir(directory)) < count:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"only {len(os.listdir(directory))} of {count} holders met")
+        time.sleep(0.01)
+
+
 def main(params: dict[str, Any]) -> None:
     print("ready", flush=True)
     sys.stdin.readline()
     backend = params["backend"]
-    for _ in range(params["iterations"]):
+    for iteration in range(params["iterations"]):
         guard: Any = (
             named_lock(params["name"], backend=backend, limit=params["limit"], fencing=True)
             if params["lock"]
@@ -50,6 +65,8 @@ def main(params: dict[str, Any]) -> None:
         )
         with guard as lock:
             start = time.time()
+            if params.get("barrier") and iteration == 0:
+                meet_while_holding(params["barrier"], params["meet"])
             if params["increment"]:
                 read_modify_write(backend, params["key"])
             else:

@@ -25,7 +25,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_dbqueue.queue.dialects.base import Dialect, DoneRows, key_position
 from django_dbqueue.queue.dialects.choice import dialect
-from django_dbqueue.queue.dialects.errors import MYSQL_DEADLOCK, is_deadlock
+from django_dbqueue.queue.dialects.errors import MYSQL_DEADLOCK, is_deadlock, is_lock_conflict
 from django_dbqueue.queue.dialects.rows import Done, Rows, nothing, placeholders
 from django_dbqueue.queue.dialects.transactions import plain_transaction, write_transaction
 
@@ -45,6 +45,7 @@ __all__ = [
     "ids_in",
     "insert_rows",
     "is_deadlock",
+    "is_lock_conflict",
     "key_position",
     "placeholders",
     "plain_transaction",

@@ -1,0 +1,170 @@
+"""Operator actions go through deadlocks and lock wait timeouts (issue #25, item 5).
+
+A deadlock (MySQL 1213) or a lock wait timeout (1205) inside requeue, cancel, run now or
+delete is retried a bounded number of times and then raised as ``ActionConflict``, never
+as the driver's error; inside a caller's transaction the raw error is raised at once
+(the database rolled the caller's work back: only the caller can redo it).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+from django.db import OperationalError, connection, connections, transaction
+
+from django_dbqueue import enqueue, enqueue_many
+from django_dbqueue.exceptions import ActionConflict
+from django_dbqueue.models import Job
+from django_dbqueue.queue.conflicts import ATTEMPTS, retry_conflicts
+from tests.support import Processes, jobs, wait_until
+
+S = Job.Status
+
+
+@pytest.fixture
+def retries(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """The retry warnings, heard on the actions' own logger (whatever an earlier test
+    did to propagation)."""
+    actions = logging.getLogger("django_dbqueue.actions")
+    actions.addHandler(caplog.handler)
+    caplog.set_level(logging.WARNING, "django_dbqueue.actions")
+    yield
+    actions.removeHandler(caplog.handler)
+
+
+def said(caplog: pytest.LogCaptureFixture) -> list[str]:
+    # A record that also propagated to the root logger reached the handler twice.
+    records = {id(r): r for r in caplog.records if r.name == "django_dbqueue.actions"}
+    return [r.getMessage() for r in records.values()]
+
+
+def conflicts_then(n: int, value: int = 7) -> tuple[Callable[[], int], list[int]]:
+    calls: list[int] = []
+
+    def write() -> int:
+        calls.append(1)
+        if len(calls) <= n:
+            raise OperationalError(1213, "Deadlock found when trying to get lock")
+        return value
+
+    return write, calls
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_conflict_is_retried_then_reported_as_the_libraries_error(
+    caplog: pytest.LogCaptureFixture, retries: None
+) -> None:
+    write, calls = conflicts_then(2)
+    assert retry_conflicts("default", "cancel", write) == 7
+    assert len(calls) == 3
+    assert len([m for m in said(caplog) if "retrying" in m]) == 2
+
+    write, calls = conflicts_then(1000)
+    with pytest.raises(ActionConflict, match="cancel: still conflicting") as caught:
+        retry_conflicts("default", "cancel", write)
+    assert len(calls) == ATTEMPTS
+    assert isinstance(caught.value.__cause__, OperationalError)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_inside_the_callers_transaction_the_raw_error_is_raised_at_once() -> None:
+    write, calls = conflicts_then(1)
+    with pytest.raises(OperationalError), transaction.atomic():
+        retry_conflicts("default", "cancel", write)
+    assert len(calls) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_other_errors_are_not_retried() -> None:
+    calls = []
+
+    def write() -> None:
+        calls.append(1)
+        raise OperationalError(2006, "MySQL server has gone away")
+
+    with pytest.raises(OperationalError):
+        retry_conflicts("default", "cancel", write)
+    assert len(calls) == 1
+
+
+def lock_waits(connection_id: int) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT COUNT(*) FROM information_schema.INNODB_TRX "
+            "WHERE trx_mysql_thread_id = %s AND trx_state = 'LOCK WAIT'",
+            [connection_id],
+        )
+        return int(cursor.fetchone()[0])
+
+
+@pytest.mark.only_vendor("mysql")
+@pytest.mark.django_db(transaction=True)
+def test_cancel_caught_in_a_real_deadlock_is_retried(
+    caplog: pytest.LogCaptureFixture, retries: None
+) -> None:
+    first, second = enqueue(jobs.noop), enqueue(jobs.noop)
+    heavy = [enqueue(jobs.noop).pk for _ in range(50)]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT CONNECTION_ID()")
+        canceller = int(cursor.fetchone()[0])
+    holding = threading.Event()
+    failures: list[BaseException] = []
+
+    def other_writer() -> None:
+        # Locks `second`, waits until the cancel (which locks `first` first) waits for
+        # it, then asks for `first`: a cycle. Its 50 updated rows make it the heavier
+        # transaction, so InnoDB rolls the cancel back, not it.
+        try:
+            with transaction.atomic():
+                Job.objects.filter(pk__in=heavy).update(priority=1)
+                list(Job.objects.select_for_update().filter(pk=second.pk))
+                holding.set()
+                wait_until(lambda: lock_waits(canceller), timeout=30)
+                list(Job.objects.select_for_update().filter(pk=first.pk))
+        except BaseException as exc:
+            failures.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=other_writer)
+    thread.start()
+    assert holding.wait(30)
+    cancelled = Job.objects.filter(pk__in=[first.pk, second.pk]).cancel()
+    thread.join(60)
+
+    assert failures == []
+    assert cancelled == (2, 0)
+    assert any("Deadlock" in m for m in said(caplog)), "a deadlock was met and retried"
+    assert set(
+        Job.objects.filter(pk__in=[first.pk, second.pk]).values_list("status", flat=True)
+    ) == {S.CANCELLED}
+
+
+@pytest.mark.only_vendor("mysql")
+@pytest.mark.django_db(transaction=True)
+def test_operator_actions_during_real_drains_never_raise_the_drivers_error(
+    processes: Processes, worker_env: Callable[..., dict[str, str]]
+) -> None:
+    enqueue_many([{"task": jobs.record, "args": [f"k{n}"]} for n in range(600)])
+    ids = list(Job.objects.values_list("pk", flat=True))
+    for _ in range(2):
+        processes.run_jobs("--concurrency", "2", env=worker_env(POLL_INTERVAL=0.05))
+    rng = random.Random(25)
+    deadline = time.monotonic() + 120
+    unfinished = Job.objects.filter(status__in=[S.QUEUED, S.CLAIMED])
+    rounds = 0
+    while unfinished.exists() and time.monotonic() < deadline:
+        chunk = Job.objects.filter(pk__in=rng.sample(ids, 50))
+        chunk.cancel()
+        chunk.requeue()
+        chunk.run_now()
+        rounds += 1
+    assert rounds > 0
+    wait_until(lambda: not unfinished.exists(), timeout=120)
+    assert Job.objects.count() == 600
+    assert set(Job.objects.values_list("status", flat=True)) <= {S.DONE, S.CANCELLED}
