@@ -84,18 +84,12 @@ LAZY_IMPORTS = {
     # The Tasks room: the framework (django.tasks or the backport) is imported only when
     # a Task runs or finishes, and the backend class may be loaded from settings before
     # the app registry is ready, so nothing that imports models is imported at its top.
-    ("django_dbqueue.tasks", "django_dbqueue.tasks.results"),
+    ("django_dbqueue.tasks", "django_dbqueue.tasks.running"),
     ("django_dbqueue.tasks", "django_dbqueue.worker.execution"),
     ("django_dbqueue.tasks.backend", "django_dbqueue.enqueueing"),
     ("django_dbqueue.tasks.backend", "django_dbqueue.models"),
     ("django_dbqueue.tasks.backend", "django_dbqueue.tasks.options"),
-    ("django_dbqueue.tasks.backend", "django_dbqueue.tasks.results"),
 }
-# Cycles left to fix, each with its reason. tasks/results.py reads DBQueueTask and
-# DBQueueBackend from tasks/backend.py, whose enqueue() and get_result() build results
-# with it: the reading half of results.py belongs beside DBQueueTask (issue #23; the
-# Tasks backend's options change in the same round).
-KNOWN_CYCLES = {frozenset({"django_dbqueue.tasks.backend", "django_dbqueue.tasks.results"})}
 
 
 def module_name(path: Path) -> str:
@@ -218,8 +212,7 @@ def test_no_import_cycles_counting_imports_inside_functions() -> None:
     for module in sorted(graph):
         if module not in index:
             strongly_connected(module)
-    assert sorted(map(sorted, set(cycles) - KNOWN_CYCLES)) == []
-    assert sorted(map(sorted, KNOWN_CYCLES - set(cycles))) == [], "fixed: strike it"
+    assert sorted(map(sorted, cycles)) == []
 
 
 def mapped_modules() -> list[str]:

@@ -28,7 +28,7 @@ def framework_available() -> bool:
 # Attempts that will be retried are not "finished": the task is READY again. The
 # framework is imported only when a job finishes, not when the app loads.
 def on_job_finished(sender: Any, job: Job, **kwargs: Any) -> None:
-    from django_dbqueue.tasks.results import send_finished
+    from django_dbqueue.tasks.running import send_finished
 
     send_finished(job)
 
@@ -36,7 +36,7 @@ def on_job_finished(sender: Any, job: Job, **kwargs: Any) -> None:
 def run_task(target: Any, job: Job) -> Any:
     """Run one attempt of the Task ``target`` for ``job`` (the worker's call_job() calls
     it for Tasks); the framework is imported at the first such call."""
-    from django_dbqueue.tasks.results import run_task as run
+    from django_dbqueue.tasks.running import run_task as run
 
     return run(target, job)
 
@@ -46,7 +46,7 @@ def on_job_failed(
 ) -> None:
     if will_retry:
         return
-    from django_dbqueue.tasks.results import send_finished
+    from django_dbqueue.tasks.running import send_finished
 
     if not isinstance(exception, BaseException):
         send_finished(job)

@@ -10,9 +10,8 @@ ready.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 from django.apps import apps
 from django.core import checks
@@ -25,7 +24,6 @@ from django_dbqueue.options import TASK_FIELDS
 from django_dbqueue.registry import registered
 from django_dbqueue.tasks.compat import (
     BaseTaskBackend,
-    GenericTask,
     InvalidTask,
     Task,
     TaskResult,
@@ -33,6 +31,8 @@ from django_dbqueue.tasks.compat import (
     normalize_json,
     task_enqueued,
 )
+from django_dbqueue.tasks.results import task_result_from_job
+from django_dbqueue.tasks.task import DBQueueTask
 
 if TYPE_CHECKING:
     from django_dbqueue.models import Job
@@ -41,37 +41,6 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 __all__ = ["DBQueueBackend", "DBQueueTask"]
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class DBQueueTask(GenericTask[P, T]):
-    """A Task with the queue's own per-task options; the backend's ``task_class``.
-
-    ``@task(max_attempts=5, timeout=30)`` on the backport and Django 6.1+; on every
-    version ``my_task.using(max_attempts=5, unique_key=f"report:{pk}")`` (and
-    ``concurrency_key``/``concurrency_limit``). ``None``
-    means the ``DBQUEUE`` default (``MAX_ATTEMPTS``, ``JOB_TIMEOUT``, ``RETRY_BACKOFF``).
-    The fields are those of ``options.TASK_FIELDS`` that the framework's Task lacks
-    (``tests/test_options.py`` holds them equal).
-    """
-
-    max_attempts: int | None = None
-    timeout: float | None = None
-    retry_backoff: float | None = None
-    # While a job with this key waits or runs, enqueue() returns its result instead
-    # of adding another job.
-    unique_key: str | None = None
-    # At most concurrency_limit (default 1) jobs of this key run at once; the key is a
-    # format string over the call's arguments, like @job's (docs/concurrency.md).
-    concurrency_key: str | None = None
-    concurrency_limit: int | None = None
-
-    def using(self, **changes: Any) -> Self:
-        """A copy with other defaults: the framework's options (priority, queue_name,
-        run_after, backend, and those of newer Django versions) and the fields above,
-        ``options.TASK_FIELDS``; an option left at None keeps this task's value."""
-        # Not super().using(): slots=True dataclasses break zero-argument super().
-        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
 
 
 class DBQueueBackend(BaseTaskBackend):
@@ -166,7 +135,6 @@ class DBQueueBackend(BaseTaskBackend):
         from django_dbqueue.enqueueing import save_job
         from django_dbqueue.models import Job
         from django_dbqueue.tasks.options import options_to_store
-        from django_dbqueue.tasks.results import task_result_from_job
 
         self._validate_for_framework(task)
         declared = self._declared(task)
@@ -193,7 +161,6 @@ class DBQueueBackend(BaseTaskBackend):
 
     def get_result(self, result_id: str) -> TaskResult[..., Any]:
         from django_dbqueue.models import Job
-        from django_dbqueue.tasks.results import task_result_from_job
 
         try:
             job = Job.objects.get(pk=int(result_id))

@@ -1,4 +1,5 @@
-"""A Job row seen as a Django Tasks ``TaskResult``, and running a ``Task`` in the worker.
+"""A Job row seen as a Django Tasks ``TaskResult`` (running a ``Task`` in the worker is
+:mod:`.running`'s).
 
 Mapping (see docs/tasks.md): queued -> READY (also while it waits for a retry),
 claimed -> RUNNING, done -> SUCCESSFUL, failed and cancelled -> FAILED. ``errors`` come
@@ -9,38 +10,25 @@ from ``Job.errors`` (one per failed attempt), ``worker_ids`` from ``Job.owner`` 
 from __future__ import annotations
 
 import dataclasses
-import json
-import logging
 import sys
 from inspect import isclass
 from typing import TYPE_CHECKING, Any
 
-from django.utils import timezone
-
-from django_dbqueue.exceptions import TaskNotFound
-from django_dbqueue.registry import find, resolve
-from django_dbqueue.tasks.backend import DBQueueBackend, DBQueueTask
+from django_dbqueue.registry import resolve
 from django_dbqueue.tasks.compat import (
-    BaseTaskBackend,
     InvalidTask,
     InvalidTaskBackend,
     Task,
-    TaskContext,
     TaskError,
     TaskResult,
     TaskResultDoesNotExist,
     TaskResultStatus,
-    normalize_json,
-    task_backends,
-    task_finished,
-    task_started,
 )
 from django_dbqueue.tasks.options import rebuild, stored_options
+from django_dbqueue.tasks.task import DBQueueTask
 
 if TYPE_CHECKING:
     from django_dbqueue.models import Job
-
-logger = logging.getLogger("django_dbqueue.tasks")
 
 STATUS_MAP: dict[str, TaskResultStatus] = {
     "queued": TaskResultStatus.READY,
@@ -158,70 +146,6 @@ def task_result_from_job(job: Job, task: Task[..., Any] | None = None) -> TaskRe
         # TaskResult is frozen; the framework's own backends set the value this way.
         object.__setattr__(result, "_return_value", job.result)
     return result
-
-
-def backend_class(alias: str) -> type[BaseTaskBackend]:
-    """The class the framework's signals name as sender."""
-    try:
-        return type(task_backends[alias])
-    except InvalidTaskBackend:
-        return DBQueueBackend
-
-
-def run_task(target: object, job: Job) -> Any:
-    """Run one attempt of the Task ``target`` for ``job``; the worker's call_job() calls it.
-
-    Returns the value as the framework normalizes it (tuples to lists, bytes to str). A
-    value that cannot be stored raises a plain ``TypeError``, recorded as that, as the
-    framework's own backends record it.
-    """
-    task = task_of_job(job, target)
-    if job.started_at is None:
-        job.started_at = timezone.now()
-    result = task_result_from_job(job, task)
-    task_started.send(backend_class(result.backend), task_result=result)
-    args, kwargs = list(job.args or []), dict(job.kwargs or {})
-    if task.takes_context:
-        value = task.call(TaskContext(task_result=result), *args, **kwargs)
-    else:
-        value = task.call(*args, **kwargs)
-    try:
-        return json.loads(json.dumps(normalize_json(value), allow_nan=False))
-    except (TypeError, ValueError) as exc:
-        raise TypeError(
-            f"Task {task.module_path} returned {type(value).__name__}, which cannot be stored "
-            f"as JSON ({exc}); return plain data (or None) from tasks."
-        ) from None
-
-
-def send_finished(job: Job) -> None:
-    """Send the framework's ``task_finished`` for a job that ran a Task (else nothing)."""
-    try:
-        entry = find(job.task)
-    except TaskNotFound:
-        return
-    target = entry.func
-    if not entry.is_framework_task:
-        return  # a plain function: the common case, decided without building anything
-    try:
-        result = task_result_from_job(job, task_of_job(job, target))
-    except (TaskResultDoesNotExist, TaskNotFound):
-        return  # a plain function, or a task that never imported: nothing to report
-    except Exception:
-        # Runs inside the worker's bookkeeping: report, never stop the worker.
-        logger.exception("Could not build the TaskResult of job %s for task_finished", job.pk)
-        return
-    # send_robust: a broken receiver must not stop the worker recording other jobs.
-    for receiver, response in task_finished.send_robust(
-        backend_class(result.backend), task_result=result
-    ):
-        if isinstance(response, Exception):
-            logger.error(
-                "task_finished receiver %r failed for job %s",
-                receiver,
-                job.pk,
-                exc_info=response,
-            )
 
 
 def _worker_ids(job: Job) -> list[str]:
