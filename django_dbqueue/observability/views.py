@@ -11,13 +11,22 @@ from __future__ import annotations
 
 import hmac
 
+from django.core.exceptions import ImproperlyConfigured
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
-from prometheus_client import CONTENT_TYPE_LATEST
 
 from django_dbqueue.conf import settings
-from django_dbqueue.observability.cluster import cache
+
+try:
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    from django_dbqueue.observability.cluster import cache
+except ImportError as exc:  # the view is mounted, the optional package is missing
+    raise ImproperlyConfigured(
+        f"django_dbqueue.observability.views needs prometheus_client ({exc}): "
+        "pip install 'django-dbqueue[metrics]'."
+    ) from exc
 
 
 @never_cache
