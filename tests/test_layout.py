@@ -255,6 +255,33 @@ def test_every_module_says_what_it_is_for() -> None:
     assert missing == []
 
 
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def test_modules_and_functions_stay_small() -> None:
+    """No module over 400 lines, no function over 60, unless the module's docstring gives
+    the reason on a line of its own starting "Size:"."""
+    too_big = []
+    for path in PACKAGE.rglob("*.py"):
+        if "migrations" in path.parts:
+            continue
+        source = path.read_text()
+        tree = ast.parse(source)
+        if any(line.startswith("Size:") for line in (ast.get_docstring(tree) or "").splitlines()):
+            continue
+        if source.count("\n") > MAX_MODULE_LINES:
+            too_big.append(f"{module_name(path)}: {source.count(chr(10))} lines")
+        too_big += [
+            f"{module_name(path)}.{node.name}: {node.end_lineno - node.lineno + 1} lines"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and node.end_lineno is not None
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+        ]
+    assert too_big == []
+
+
 def test_app_imports_without_the_type_stubs_run_time_patches(tmp_path: Path) -> None:
     """Django's classes are generic only in django-stubs; subscripting one at run time
     works only after ``django_stubs_ext.monkeypatch()``, which a project need not call."""
