@@ -136,7 +136,7 @@ def test_worker_metrics_count_the_jobs_of_every_process(
     out, _ = worker.communicate(timeout=60)
     assert worker.returncode == 0, out
     assert scrape_or_none(url) is None  # the server went with the run
-    assert set(glob.glob(runs)) == before  # and so did its directory
+    assert set(glob.glob(runs)) - before == set()  # and so did its directory (other runs come and go)
 
 
 def test_cluster_metrics_view(live_server: Any, settings: Any) -> None:
