@@ -136,7 +136,8 @@ def test_worker_metrics_count_the_jobs_of_every_process(
     out, _ = worker.communicate(timeout=60)
     assert worker.returncode == 0, out
     assert scrape_or_none(url) is None  # the server went with the run
-    assert set(glob.glob(runs)) - before == set()  # and so did its directory (other runs come and go)
+    # And so did its directory (other runs' directories may come and go meanwhile).
+    assert set(glob.glob(runs)) - before == set()
 
 
 def test_cluster_metrics_view(live_server: Any, settings: Any) -> None:
