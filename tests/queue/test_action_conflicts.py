@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 from collections.abc import Callable, Iterator
 
 import pytest
-from django.db import OperationalError, connection, connections, transaction
+from django.db import OperationalError, transaction
 
-from django_dbqueue import enqueue, enqueue_many
+from django_dbqueue import enqueue_many
 from django_dbqueue.exceptions import ActionConflict
 from django_dbqueue.models import Job
 from django_dbqueue.queue.conflicts import ATTEMPTS, retry_conflicts
@@ -89,56 +88,6 @@ def test_other_errors_are_not_retried() -> None:
     with pytest.raises(OperationalError):
         retry_conflicts("default", "cancel", write)
     assert len(calls) == 1
-
-
-def lock_waits() -> int:
-    """Transactions of this server waiting for a lock, other than this connection's."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT COUNT(*) FROM information_schema.INNODB_TRX "
-            "WHERE trx_mysql_thread_id <> CONNECTION_ID() AND trx_state = 'LOCK WAIT'"
-        )
-        return int(cursor.fetchone()[0])
-
-
-@pytest.mark.only_vendor("mysql")
-@pytest.mark.django_db(transaction=True)
-def test_cancel_caught_in_a_real_deadlock_is_retried(
-    caplog: pytest.LogCaptureFixture, retries: None
-) -> None:
-    first, second = enqueue(jobs.noop), enqueue(jobs.noop)
-    heavy = [enqueue(jobs.noop).pk for _ in range(50)]
-    holding = threading.Event()
-    failures: list[BaseException] = []
-
-    def other_writer() -> None:
-        # Locks `second`, waits until the cancel (which locks `first` first) waits for
-        # it, then asks for `first`: a cycle. Its 50 updated rows make it the heavier
-        # transaction, so InnoDB rolls the cancel back, not it.
-        try:
-            with transaction.atomic():
-                Job.objects.filter(pk__in=heavy).update(priority=1)
-                list(Job.objects.select_for_update().filter(pk=second.pk))
-                holding.set()
-                wait_until(lock_waits, timeout=120)
-                list(Job.objects.select_for_update().filter(pk=first.pk))
-        except BaseException as exc:
-            failures.append(exc)
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=other_writer)
-    thread.start()
-    assert holding.wait(30)
-    cancelled = Job.objects.filter(pk__in=[first.pk, second.pk]).cancel()
-    thread.join(60)
-
-    assert failures == []
-    assert cancelled == (2, 0)
-    assert any("Deadlock" in m for m in said(caplog)), "a deadlock was met and retried"
-    assert set(
-        Job.objects.filter(pk__in=[first.pk, second.pk]).values_list("status", flat=True)
-    ) == {S.CANCELLED}
 
 
 @pytest.mark.only_vendor("mysql")
