@@ -18,6 +18,7 @@ from django.db.models.functions import TruncMinute
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Job, WorkerProcess
 from django_dbqueue.queue import counts
+from django_dbqueue.queue.leases import alive_since
 
 STATUSES: tuple[str, ...] = tuple(Job.Status.values)
 
@@ -103,7 +104,7 @@ def humanize(delta: timedelta) -> str:
 
 def is_alive(worker: WorkerProcess, now: datetime) -> bool:
     """A worker is alive while its heartbeat is younger than the lease timeout."""
-    return (now - worker.heartbeat_at).total_seconds() < float(settings.LEASE_TIMEOUT)
+    return worker.heartbeat_at > alive_since(now)
 
 
 def queue_rows(now: datetime, limit: int) -> list[QueueRow]:

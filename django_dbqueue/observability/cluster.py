@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.db import router
 from django.db.models import Count
@@ -23,6 +23,7 @@ from prometheus_client.registry import Collector
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Job, WorkerProcess
 from django_dbqueue.queue import counts
+from django_dbqueue.queue.leases import alive_since
 from django_dbqueue.queue.pausing import paused_queues
 
 STATUSES: tuple[str, ...] = tuple(Job.Status.values)
@@ -66,11 +67,9 @@ def _workers(using: str, now: datetime) -> Metric:
         "Live worker processes (heartbeat younger than LEASE_TIMEOUT), by host and role.",
         labels=["host", "role"],
     )
-    # Alive as the admin judges it (admin/dashboard.is_alive): a heartbeat within the lease.
-    since = now - timedelta(seconds=float(settings.LEASE_TIMEOUT))
     rows = (
         WorkerProcess.objects.using(using)
-        .filter(heartbeat_at__gte=since)
+        .filter(heartbeat_at__gt=alive_since(now))
         .values_list("host", "role")
         .annotate(n=Count("id"))
         .order_by("host", "role")

@@ -20,6 +20,13 @@ if TYPE_CHECKING:
     from django_dbqueue.queue.actions import JobQuerySet
 
 
+def alive_since(now: datetime) -> datetime:
+    """A worker process is alive while its heartbeat is later than this: younger than
+    ``LEASE_TIMEOUT``, the age at which its jobs' leases would be taken back. The admin
+    and the cluster metrics judge liveness by this one rule."""
+    return now - timedelta(seconds=float(settings.LEASE_TIMEOUT))
+
+
 def owned(model: type[Job], using: str, owner: str) -> JobQuerySet:
     """The claimed jobs of ``owner``.
 
