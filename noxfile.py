@@ -8,14 +8,17 @@ One session per cell and kind of run, each in a uv virtualenv of its own:
     nox -s "full(3.13-django6.1)"             # the whole suite, once per database
     DBQUEUE_TEST_DATABASES=sqlite nox -s "full(3.11-django5.2)" -- -k claim
     nox -s "fresh(3.12-django6.1)"            # only the new projects from the built wheel
+    DBQUEUE_TEST_DATABASES=mysql nox -s "stack(3.11-django5.2)"   # no worker processes
 
-`make test` (scripts/test.sh) runs `full` on the two corners (oldest and newest; its
-SQLite run includes the fresh-project tests) and `smoke` on every other cell (with
-tests/tasks on Django 6.0, which no corner covers): the SQLite runs and the server runs
-side by side (two nox processes, DBQUEUE_TEST_RESTARTS=without for the latter), then the
-tests that restart a server (DBQUEUE_TEST_RESTARTS=only). Arguments after `--` go to
-pytest. Coverage data goes to .coverage-data/ (one file per process;
-scripts/test.sh combines them).
+`make test` (scripts/test.sh) runs a diagonal of that matrix in three streams side by
+side: `full` (every test) on SQLite at both corners (oldest and newest; the SQLite run
+includes the fresh-project tests), on PostgreSQL at the oldest and on MariaDB at the
+newest; `stack` (every test that starts no worker process) on PostgreSQL at the newest
+and MariaDB at the oldest; `smoke` on every other cell (with tests/tasks on Django 6.0,
+which no corner covers); then the tests that restart a server
+(DBQUEUE_TEST_RESTARTS=only). `nox` alone runs `full` on every database at both corners.
+Arguments after `--` go to pytest. Coverage data goes to .coverage-data/ (one file per
+process; scripts/test.sh combines them).
 """
 
 from __future__ import annotations
@@ -161,6 +164,29 @@ def full(session: nox.Session, django: str) -> None:
             failed.append(f"{db} (queue in a second database)")
     if failed:
         session.error(f"the suite failed on {', '.join(failed)}")
+
+
+@nox.session
+@nox.parametrize("python,django", MATRIX)
+def stack(session: nox.Session, django: str) -> None:
+    """The suite without worker processes, browsers or fresh projects (the SQL the ORM
+    and the dialects build, the admin's queries, the options, the locks in one process)
+    on each server database in DBQUEUE_TEST_DATABASES: `make test` runs it on the corner
+    whose `full` run leaves that server out (see scripts/test.sh)."""
+    install(session, django)
+    failed = []
+    for db in selected_databases():
+        try:
+            pytest(
+                session,
+                db,
+                "-m",
+                "not processes and not browser and not fresh and not server_restart",
+            )
+        except nox.command.CommandFailed:
+            failed.append(db)
+    if failed:
+        session.error(f"the suite without processes failed on {', '.join(failed)}")
 
 
 @nox.session

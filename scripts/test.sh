@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The README's test command (`make test`): installs the project into .venv, runs ruff,
 # mypy and makemigrations --check, `make demo` on the oldest and newest Python, then the
-# test matrix through nox (noxfile.py): the whole suite on SQLite, MariaDB/MySQL and
-# PostgreSQL on the two corners (Python 3.11 + Django 5.2, Python 3.13 + Django 6.1; the
-# SQLite run includes the fresh projects built from the wheel), the smoke suite on every
-# other Python x Django cell, and the coverage of django_dbqueue/ over all of it.
+# test matrix through nox (noxfile.py) as a diagonal: every test on SQLite at both corners
+# (Python 3.11 + Django 5.2, Python 3.13 + Django 6.1; the SQLite run includes the fresh
+# projects built from the wheel), on PostgreSQL at the oldest and MariaDB/MySQL at the
+# newest, the tests without worker processes on the other corner's servers, the smoke
+# suite on every other Python x Django cell, and the coverage of django_dbqueue/ over it.
 # A server that cannot be reached is a loud failure under CI=true, and a loud skip of
 # that database's runs otherwise.
 set -uo pipefail
@@ -121,17 +122,23 @@ done
 mkdir -p test-results
 rm -f test-results/*.xml test-results/*.log
 rm -rf .coverage-data
-# The matrix (noxfile.py) in two streams side by side: one run keeps about one core
-# busy, so two share the machine's two cores. Each step of a stream is one nox call (the
-# databases of its full runs, then its sessions); every session has its own test
+# The matrix (noxfile.py) as a diagonal in three streams side by side (most of a run is
+# waiting on worker processes, so three keep two cores busy). Each step of a stream is one
+# nox call (the databases of its runs, then its sessions); every session has its own test
 # databases and Redis key prefix, and all MariaDB runs are in one stream (GET_LOCK names
-# are server-wide). The tests that restart a server run last, alone.
+# are server-wide). Every test runs on every database once in full (SQLite at both
+# corners), the SQL-level tests (`stack`: no worker processes) on the other corner's
+# servers, the smoke suite on every other cell. The tests that restart a server run last,
+# alone.
 read -r old_corner new_corner <<<"$("$VENV/bin/python" -c "import noxfile; print(' '.join(f'full({p}-django{d})' for p, d in noxfile.CORNERS))")"
 read -r -a everything <<<"$("$VENV/bin/python" -c "import noxfile; print(' '.join(noxfile.nox.options.sessions))")"
 smoke_cells=()
 for session in "${everything[@]}"; do [[ $session == smoke* ]] && smoke_cells+=("$session"); done
-STREAM_SQLITE=("sqlite:$old_corner $new_corner" "postgres:$new_corner")
-STREAM_SERVERS=("mysql postgres:$old_corner" "mysql:$new_corner" "sqlite:${smoke_cells[*]}")
+stack_sessions=("${new_corner/full/stack}" "${old_corner/full/stack}")
+STREAMS=(one two three)
+STREAM_one=("sqlite postgres:$old_corner" "postgres:${stack_sessions[0]}")
+STREAM_two=("mysql:$new_corner" "mysql:${stack_sessions[1]}")
+STREAM_three=("sqlite:$new_corner" "sqlite:${smoke_cells[*]}")
 
 posargs=("$@")
 run_stream() {  # name, steps ("databases:sessions"); a database that is not reachable is left out
@@ -151,37 +158,41 @@ run_stream() {  # name, steps ("databases:sessions"); a database that is not rea
 }
 
 if [[ -n "${reachable// /}" ]]; then
-    say "Test virtualenvs (nox --install-only): ${everything[*]}"
-    "$VENV/bin/nox" --install-only -s "${everything[@]}" >test-results/nox-install.log 2>&1 \
+    say "Test virtualenvs (nox --install-only): ${everything[*]} ${stack_sessions[*]}"
+    "$VENV/bin/nox" --install-only -s "${everything[@]}" "${stack_sessions[@]}" >test-results/nox-install.log 2>&1 \
         || { tail -30 test-results/nox-install.log; loud "could not build the test virtualenvs"; exit 1; }
 
-    say "The test matrix (nox), two streams: test-results/stream-sqlite.log, test-results/stream-servers.log"
-    run_stream sqlite "${STREAM_SQLITE[@]}" >test-results/stream-sqlite.log 2>&1 &
-    sqlite_pid=$!
-    run_stream servers "${STREAM_SERVERS[@]}" >test-results/stream-servers.log 2>&1 &
-    servers_pid=$!
+    say "The test matrix (nox), ${#STREAMS[@]} streams: test-results/stream-*.log"
+    pids=()
+    for name in "${STREAMS[@]}"; do
+        steps="STREAM_$name[@]"
+        run_stream "$name" "${!steps}" >"test-results/stream-$name.log" 2>&1 &
+        pids+=($!)
+    done
     started=$SECONDS
     while jobs -r | grep -q .; do
         sleep 60
-        for log in test-results/stream-sqlite.log test-results/stream-servers.log; do
+        for name in "${STREAMS[@]}"; do
+            log="test-results/stream-$name.log"
             printf '    %3d min  %-18s %s\n' $(((SECONDS - started) / 60)) "${log#test-results/}" \
                 "$(grep -E '^nox > Running session|[0-9]+ (passed|failed)' "$log" | tail -1 | cut -c1-90)"
         done
     done
-    wait $sqlite_pid || status=1
-    wait $servers_pid || status=1
-    for log in test-results/stream-sqlite.log test-results/stream-servers.log; do
-        say "$log"
-        cat "$log"
+    for pid in "${pids[@]}"; do wait "$pid" || status=1; done
+    for name in "${STREAMS[@]}"; do
+        say "test-results/stream-$name.log ($((SECONDS - started)) s since the streams started)"
+        cat "test-results/stream-$name.log"
     done
 
-    servers=""
-    for db in $reachable; do [[ $db != sqlite ]] && servers="$servers $db"; done
-    if [[ -n "${servers// /}" ]]; then
-        say "The tests that restart a database server (alone)"
-        DBQUEUE_TEST_DATABASES="$servers" DBQUEUE_TEST_RESTARTS=only \
-            "$VENV/bin/nox" -R -s "$old_corner" "$new_corner" -- "$@" || status=1
-    fi
+    # On the corner where each server runs in full: PostgreSQL at the oldest, MariaDB at
+    # the newest.
+    for step in "postgres:$old_corner" "mysql:$new_corner"; do
+        db=${step%%:*}
+        [[ " $reachable " == *" $db "* ]] || continue
+        say "The tests that restart the $db server (alone)"
+        DBQUEUE_TEST_DATABASES="$db" DBQUEUE_TEST_RESTARTS=only \
+            "$VENV/bin/nox" -R -s "${step#*:}" -- "$@" || status=1
+    done
 fi
 
 say "Coverage of django_dbqueue/ (every run and the worker processes they started)"

@@ -216,8 +216,17 @@ def test_a_child_killed_while_holding_the_slot_frees_it(
     env = worker_env(LEASE_TIMEOUT=600, HEARTBEAT_INTERVAL=0.3, POLL_INTERVAL=0.2)
     proc = processes.run_jobs("--concurrency", "2", env=env)
 
-    wait_until(lambda: Job.objects.filter(status=S.DONE).count() == 3, timeout=120)
-    wait_until(lambda: Job.objects.get(pk=crash.pk).status == S.FAILED, timeout=60)
+    try:
+        wait_until(lambda: Job.objects.filter(status=S.DONE).count() == 3, timeout=240)
+        wait_until(lambda: Job.objects.get(pk=crash.pk).status == S.FAILED, timeout=120)
+    except AssertionError as stuck:
+        # Stuck, not slow (these bounds are minutes): say where every job and slot was.
+        proc.kill()
+        out, _ = proc.communicate(timeout=60)
+        rows = list(Job.objects.values_list("pk", "task", "status", "attempts", "owner"))
+        keys = list(ConcurrencyKey.objects.values_list("key", "parked"))
+        detail = f"jobs {rows}; keys {keys}; worker output:\n{out[-4000:]}"
+        raise AssertionError(detail) from stuck
     stop(proc)
 
     crash.refresh_from_db()

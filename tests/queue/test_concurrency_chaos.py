@@ -1,4 +1,4 @@
-"""Concurrency keys under fire: 4 workers drain 2,000 keyed jobs while children are
+"""Concurrency keys under fire: 4 workers drain 1,000 keyed jobs while children are
 SIGKILLed at random and some jobs fail and retry. A probe job records each run's start
 and end; per key, the runs never overlap beyond the limit, and nothing is lost or stuck."""
 
@@ -23,10 +23,10 @@ from tests.support import Processes, jobs
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 
-TOTAL, KEYS = 2_000, 20
+TOTAL, KEYS = 1_000, 20
 # Enough kills to hit jobs holding slots many times; each costs a child's restart (about
 # a second on a loaded machine), so more would mostly measure restarts.
-KILLS = 25
+KILLS = 15
 
 
 def read_runs(directory: Path, killed: dict[int, int]) -> dict[str, list[tuple[int, int]]]:
@@ -111,7 +111,7 @@ def test_keyed_drain_under_sigkills_never_exceeds_the_limit(
     unfinished = Job.objects.filter(status__in=[Job.Status.QUEUED, Job.Status.CLAIMED])
     killed: dict[int, int] = {}
     while unfinished.exists():
-        assert time.monotonic() - started < 180, left(unfinished)
+        assert time.monotonic() - started < 600, left(unfinished)  # stuck, not slow
         time.sleep(rng.uniform(0.2, 0.6))
         if len(killed) >= KILLS:
             continue

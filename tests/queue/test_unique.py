@@ -142,7 +142,7 @@ def test_concurrent_enqueues_from_many_processes_make_one_job_per_key(
     env = worker_env()
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.support.unique_enqueuer", "500", "50"],
+            [sys.executable, "-m", "tests.support.unique_enqueuer", "200", "50"],
             cwd=ROOT,
             env=env,
             text=True,

@@ -45,18 +45,19 @@ def test_three_workers_enqueue_each_tick_once_even_when_one_is_killed(
 ) -> None:
     env = worker_env(SCHEDULE=EVERY_SECOND, HEARTBEAT_INTERVAL=1, LEASE_TIMEOUT=5)
     workers = [processes.run_jobs("-v", "0", env=env) for _ in range(3)]
-    wait_until(lambda: ScheduleTick.objects.count() >= 12, timeout=60)
+    wait_until(lambda: ScheduleTick.objects.count() >= 5, timeout=60)
     workers[0].send_signal(signal.SIGKILL)
-    wait_until(lambda: ScheduleTick.objects.count() >= 31, timeout=60)
+    # Past the killed worker's lease (5 s): the ticks it would have taken are taken.
+    wait_until(lambda: ScheduleTick.objects.count() >= 16, timeout=60)
     for worker in workers[1:]:
         worker.send_signal(signal.SIGTERM)
     for worker in workers:
         worker.wait(timeout=60)
 
     seconds = tick_seconds()
-    # 30 consecutive ticks (and more): no second missing, none twice.
+    # 16 consecutive ticks (and more): no second missing, none twice.
     assert seconds == list(range(seconds[0], seconds[0] + len(seconds)))
-    assert len(seconds) >= 31
+    assert len(seconds) >= 16
     assert_each_tick_has_one_job()
 
 

@@ -229,10 +229,11 @@ def test_sigkill_of_a_child_mid_batch_frees_its_batch_at_once(
 
 
 def test_sigkill_of_the_supervisor_takes_its_children_and_lease_recovery_takes_over(
-    processes: Processes, worker_env: EnvMaker
+    processes: Processes, worker_env: EnvMaker, tmp_path: Path
 ) -> None:
     env = worker_env(LEASE_TIMEOUT=2, HEARTBEAT_INTERVAL=0.3, POLL_INTERVAL=0.2, CLAIM_AHEAD=0)
-    running = enqueue(jobs.record, ["long"], {"sleep": 30.0})
+    gate = tmp_path / "gate"
+    running = enqueue(jobs.hold_until, [str(gate), "long"])
     waiting = enqueue_many({"task": jobs.record, "args": [f"w{i}"]} for i in range(3))
     victim = processes.run_jobs("--concurrency", "2", "--batch-size", "10", env=env)
     wait_until(lambda: WorkerRow.objects.filter(running_job_id=running.pk).exists(), timeout=30)
@@ -248,6 +249,7 @@ def test_sigkill_of_the_supervisor_takes_its_children_and_lease_recovery_takes_o
         lambda: claimed.filter(owner_date__lt=timezone.now() - timedelta(seconds=2)).count() == 4,
         timeout=10,
     )
+    gate.touch()  # the rerun returns at once (the killed run held until it died)
     rescuer = processes.run_jobs("--burst", env=env)
     out, _ = rescuer.communicate(timeout=60)
     assert rescuer.returncode == 0, out
@@ -255,7 +257,7 @@ def test_sigkill_of_the_supervisor_takes_its_children_and_lease_recovery_takes_o
     # in the same batch were not charged and ran once.
     running.refresh_from_db()
     assert (running.status, running.attempts) == (Job.Status.DONE, 2)
-    assert Execution.objects.filter(key="long").count() == 1, "the killed run never finished"
+    assert Execution.objects.filter(key="long").count() == 2, "the killed run and the rerun"
     assert "stopped renewing its lease while running this job" in running.last_error
     for job in waiting:
         job.refresh_from_db()
