@@ -27,6 +27,10 @@ def positive_int(value: str) -> int:
     return number
 
 
+def non_negative_int(value: str) -> int:
+    return 0 if value.strip() == "0" else positive_int(value)
+
+
 def positive_float(value: str) -> float:
     try:
         number = float(value)
@@ -64,6 +68,15 @@ class Command(BaseCommand):
             default=1,
             help="Jobs each process runs at once, in threads, for I/O-bound jobs (default 1; "
             "see docs/reliability.md for what changes).",
+        )
+        parser.add_argument(
+            "--async-concurrency",
+            "-a",
+            type=non_negative_int,
+            default=None,
+            help="async def jobs each process runs at once on an event loop, beside its "
+            "other jobs (default DBQUEUE['ASYNC_CONCURRENCY']; 0: each async job on its own "
+            "in the process's thread(s); see docs/async.md).",
         )
         parser.add_argument(
             "--batch-size",
@@ -136,17 +149,20 @@ class Command(BaseCommand):
         if verbosity >= 2:
             logging.getLogger("django_dbqueue").setLevel(logging.DEBUG)
         progress = Progress(self.stdout.write, options["progress_interval"]) if verbosity else None
+        async_lanes = self.async_lanes(options["async_concurrency"], verbosity)
         worker_options: dict[str, Any] = {
             "queues": queues,
             "batch_size": options["batch_size"],
             "burst": options["burst"],
             "max_jobs": options["max_jobs"],
             "threads": options["threads"],
+            "async_concurrency": async_lanes,
         }
         concurrency: int = options["concurrency"]
         if progress is not None:
             mode = "burst" if options["burst"] else "waiting for jobs"
             threads = f" x {options['threads']} threads" if options["threads"] > 1 else ""
+            threads += f" + {async_lanes} async" if async_lanes else ""
             self.stdout.write(
                 f"Running jobs from {', '.join(queues)} with {concurrency} "
                 f"process(es){threads}, {mode}. Ctrl-C to stop."
@@ -164,6 +180,16 @@ class Command(BaseCommand):
         finally:
             if server is not None:
                 server.close()  # last: a final scrape still sees the whole run
+
+    def async_lanes(self, given: int | None, verbosity: int) -> int:
+        """--async-concurrency, else the setting; a note when async jobs would wait."""
+        lanes = int(settings.ASYNC_CONCURRENCY) if given is None else given
+        if verbosity and not lanes and any(e.is_async for e in registry.all_tasks()):
+            self.stdout.write(
+                "Async @job functions run one at a time per thread: pass "
+                "--async-concurrency N to await N at once (docs/async.md)."
+            )
+        return lanes
 
 
 def _metrics_server(port: int | None) -> Any:
