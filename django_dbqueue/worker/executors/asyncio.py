@@ -175,22 +175,20 @@ class AsyncioExecutor(Executor):
                 timeout, began = started
                 result, error = await self._call(run, timeout)
                 await self._in_books(self.finish, run.job, lane, result, error, began)
+            with self._lock:
+                last = len(self._runs) == 1 and not self._queue
+            await self._in_books(self.recorder.flush, last)  # the last one writes at once
         except BaseException as exc:
             # A recording write that failed for good: the process stops, and the job
             # its slot still shows is settled by the supervisor, as for threads.
             self.broken = self.broken or exc
             self.stopping.set()
-        with self._lock:
-            del self._runs[lane]
-            self._free.append(lane)
-            idle = not self._queue and not self._runs
-            self._changed.notify_all()
-        self._start_queued()
-        try:
-            await self._in_books(self.recorder.flush, idle)  # the last one writes at once
-        except BaseException as exc:
-            self.broken = self.broken or exc
-            self.stopping.set()
+        finally:
+            with self._lock:
+                del self._runs[lane]
+                self._free.append(lane)
+                self._changed.notify_all()
+            self._start_queued()
 
     async def _call(self, run: Run, timeout: float | None) -> Outcome:
         """Await the job's code, cancelled at ``timeout`` or when the watchdog asks."""
