@@ -20,7 +20,10 @@ from django_dbqueue.worker.loop import Worker
 from testproject.models import Execution
 from tests.support import Processes, jobs, wait_until
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.usefixtures("async_connections"),
+]
 EnvMaker = Callable[..., dict[str, str]]
 
 SETTINGS = {
@@ -131,9 +134,7 @@ def test_cancelling_a_running_async_job_cancels_its_task_only(
     )
     target = enqueue(jobs.async_hold_until, [str(tmp_path / "never"), "target"])
     sync_job = enqueue(jobs.record, ["sync"])
-    proc = processes.run_jobs(
-        "--async-concurrency", "8", env=worker_env(CLAIM_AHEAD=0, **SETTINGS)
-    )
+    proc = processes.run_jobs("--async-concurrency", "8", env=worker_env(CLAIM_AHEAD=0, **SETTINGS))
     first = child_pid()
     wait_until(lambda: Execution.objects.filter(key__in=["target", "s0", "s1", "s2"]).count() == 4)
     Job.objects.filter(pk=target.pk).cancel()
@@ -155,9 +156,7 @@ def test_an_async_job_blocking_the_loop_past_its_timeout_kills_only_its_process(
     """No asyncio timeout reaches a coroutine that never awaits: the supervisor kills the
     process; the jobs of the other lanes go back uncharged and run again."""
     siblings = enqueue_many({"task": jobs.async_record, "args": [f"b{i}", 2.0]} for i in range(3))
-    proc = processes.run_jobs(
-        "--async-concurrency", "4", env=worker_env(CLAIM_AHEAD=0, **SETTINGS)
-    )
+    proc = processes.run_jobs("--async-concurrency", "4", env=worker_env(CLAIM_AHEAD=0, **SETTINGS))
     first = child_pid()
     # After the siblings started: the blocker freezes them mid-sleep.
     wait_until(lambda: Job.objects.filter(status=Job.Status.CLAIMED).count() == 3)
@@ -183,9 +182,7 @@ def test_second_sigterm_cancels_every_running_async_job_and_records_each(
         {"task": jobs.async_hold_until, "args": [str(tmp_path / "never"), f"h{i}"]}
         for i in range(3)
     )
-    proc = processes.run_jobs(
-        "--async-concurrency", "4", env=worker_env(CLAIM_AHEAD=0, **SETTINGS)
-    )
+    proc = processes.run_jobs("--async-concurrency", "4", env=worker_env(CLAIM_AHEAD=0, **SETTINGS))
     wait_until(lambda: Execution.objects.count() == 3)
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
