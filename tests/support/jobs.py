@@ -221,3 +221,21 @@ async def async_raise(kind: str) -> None:
     if kind == "timeout":
         raise TimeoutError("the job's own timeout")
     raise ValueError(kind)
+
+
+_strays: set[asyncio.Task[None]] = set()
+
+
+@job
+async def async_stray_exit() -> str:
+    """Starts a task of its own that raises SystemExit (which asyncio lets out of the
+    loop), then finishes its own work."""
+
+    async def leave() -> None:
+        raise SystemExit(4)
+
+    stray = asyncio.get_running_loop().create_task(leave())
+    _strays.add(stray)
+    stray.add_done_callback(_strays.discard)
+    await asyncio.sleep(0.2)
+    return "survived"

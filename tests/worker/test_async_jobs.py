@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from django_dbqueue import enqueue, enqueue_many
+from django_dbqueue.checks import check_task_settings
 from django_dbqueue.models import Job
 from django_dbqueue.models import WorkerProcess as WorkerRow
 from django_dbqueue.worker.loop import Worker
@@ -87,6 +89,25 @@ def test_a_jobs_own_timeout_error_and_system_exit_are_its_failures() -> None:
     leaving.refresh_from_db()
     assert leaving.status == Job.Status.FAILED and "SystemExit" in leaving.last_error
     assert Job.objects.get(pk=fine.pk).result == 4
+
+
+def test_a_stray_task_raising_system_exit_stops_neither_the_loop_nor_other_jobs() -> None:
+    stray = enqueue(jobs.async_stray_exit)
+    other = enqueue(jobs.async_sleep, [0.3])
+    stats = Worker(burst=True, handle_signals=False, async_concurrency=4).run()
+    assert stats.done == 2
+    assert Job.objects.get(pk=stray.pk).result == "survived"
+    assert Job.objects.get(pk=other.pk).result == 0.3
+
+
+def test_async_concurrency_is_checked_by_the_system_check_and_run_jobs() -> None:
+    with override_settings(DBQUEUE={**settings.DBQUEUE, "ASYNC_CONCURRENCY": -1}):
+        assert "django_dbqueue.E407" in [error.id for error in check_task_settings()]
+    with override_settings(DBQUEUE={**settings.DBQUEUE, "ASYNC_CONCURRENCY": 8}):
+        assert check_task_settings() == []
+    with pytest.raises(CommandError, match="must be at least 0, got -1"):
+        call_command("run_jobs", "--async-concurrency", "-1")
+    assert not Job.objects.exists()
 
 
 def test_an_async_job_held_longer_than_its_lease_runs_once() -> None:

@@ -17,18 +17,22 @@ from django_dbqueue.worker.progress import Progress
 from django_dbqueue.worker.supervisor import EarlyStop, Supervisor
 
 
-def positive_int(value: str) -> int:
+def whole_number(value: str, least: int) -> int:
     try:
         number = int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    if number < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, got {number}")
     return number
 
 
+def positive_int(value: str) -> int:
+    return whole_number(value, 1)
+
+
 def non_negative_int(value: str) -> int:
-    return 0 if value.strip() == "0" else positive_int(value)
+    return whole_number(value, 0)
 
 
 def positive_float(value: str) -> float:
@@ -39,6 +43,34 @@ def positive_float(value: str) -> float:
     if not number > 0:
         raise argparse.ArgumentTypeError(f"must be greater than 0, got {value}")
     return number
+
+
+def add_concurrency_arguments(parser: CommandParser) -> None:
+    """How many jobs run at once: processes, threads in each, async jobs in each."""
+    parser.add_argument(
+        "--concurrency",
+        "-c",
+        type=positive_int,
+        default=1,
+        help="Worker processes to run under the supervisor (default 1).",
+    )
+    parser.add_argument(
+        "--threads",
+        "-t",
+        type=positive_int,
+        default=1,
+        help="Jobs each process runs at once, in threads, for I/O-bound jobs (default 1; "
+        "see docs/reliability.md for what changes).",
+    )
+    parser.add_argument(
+        "--async-concurrency",
+        "-a",
+        type=non_negative_int,
+        default=None,
+        help="async def jobs each process runs at once on an event loop, beside its "
+        "other jobs (default DBQUEUE['ASYNC_CONCURRENCY']; 0: each async job on its own "
+        "in the process's thread(s); see docs/async.md).",
+    )
 
 
 class Command(BaseCommand):
@@ -54,30 +86,7 @@ class Command(BaseCommand):
             help="Queue to take jobs from; repeat for several (default: all "
             "queues in DBQUEUE['QUEUES']).",
         )
-        parser.add_argument(
-            "--concurrency",
-            "-c",
-            type=positive_int,
-            default=1,
-            help="Worker processes to run under the supervisor (default 1).",
-        )
-        parser.add_argument(
-            "--threads",
-            "-t",
-            type=positive_int,
-            default=1,
-            help="Jobs each process runs at once, in threads, for I/O-bound jobs (default 1; "
-            "see docs/reliability.md for what changes).",
-        )
-        parser.add_argument(
-            "--async-concurrency",
-            "-a",
-            type=non_negative_int,
-            default=None,
-            help="async def jobs each process runs at once on an event loop, beside its "
-            "other jobs (default DBQUEUE['ASYNC_CONCURRENCY']; 0: each async job on its own "
-            "in the process's thread(s); see docs/async.md).",
-        )
+        add_concurrency_arguments(parser)
         parser.add_argument(
             "--batch-size",
             type=positive_int,
