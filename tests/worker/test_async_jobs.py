@@ -100,6 +100,13 @@ def test_a_stray_task_raising_system_exit_stops_neither_the_loop_nor_other_jobs(
     assert Job.objects.get(pk=other.pk).result == 0.3
 
 
+def test_a_worker_stopped_before_it_started_closes_its_loop() -> None:
+    worker = Worker(handle_signals=False, async_concurrency=3)
+    assert worker.executor.lanes == 4 and worker.slot.lanes == 4
+    worker.executor.join()
+    assert worker.executor.unstarted() == []
+
+
 def test_async_concurrency_is_checked_by_the_system_check_and_run_jobs() -> None:
     with override_settings(DBQUEUE={**settings.DBQUEUE, "ASYNC_CONCURRENCY": -1}):
         assert "django_dbqueue.E407" in [error.id for error in check_task_settings()]

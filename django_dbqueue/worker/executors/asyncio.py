@@ -128,8 +128,11 @@ class AsyncioExecutor(Executor):
             while self._runs:  # each ends its job (the supervisor kills a stuck loop)
                 self._changed.wait(0.2)
         self._closing = True
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
+        if self._thread.ident is None:  # the worker stopped before it started
+            self._loop.close()
+        else:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
         self._books.submit(connections.close_all).result()  # that thread's connection
         self._books.shutdown()
 
