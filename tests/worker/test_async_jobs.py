@@ -48,15 +48,20 @@ def child_pid() -> int:
 # -- in this process ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("async_concurrency", [0, 4])
-def test_async_and_sync_jobs_run_side_by_side_in_one_worker(async_concurrency: int) -> None:
-    """With a loop (4) and without one (0: each async job on a loop of its own)."""
+@pytest.mark.parametrize(("threads", "async_concurrency"), [(1, 0), (1, 4), (3, 4)])
+def test_async_and_sync_jobs_run_side_by_side_in_one_worker(
+    threads: int, async_concurrency: int
+) -> None:
+    """With a loop (4) and without one (0: each async job on a loop of its own), beside
+    the main thread or three threads."""
     batch = enqueue_many(
         [{"task": jobs.async_add, "args": [i, 1]} for i in range(6)]
         + [{"task": jobs.add, "args": [i, 2]} for i in range(3)]
         + [{"task": jobs.async_record, "args": [f"r{i}"]} for i in range(3)]
     )
-    worker = Worker(burst=True, handle_signals=False, async_concurrency=async_concurrency)
+    worker = Worker(
+        burst=True, handle_signals=False, threads=threads, async_concurrency=async_concurrency
+    )
     stats = worker.run()
     assert stats.done == len(batch)
     results = {job.pk: Job.objects.get(pk=job.pk).result for job in batch}
