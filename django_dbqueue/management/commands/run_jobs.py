@@ -16,6 +16,8 @@ from django_dbqueue.queue.schema import schema_problem
 from django_dbqueue.worker.progress import Progress
 from django_dbqueue.worker.supervisor import EarlyStop, Supervisor
 
+logger = logging.getLogger("django_dbqueue.worker")
+
 
 def whole_number(value: str, least: int) -> int:
     try:
@@ -158,7 +160,7 @@ class Command(BaseCommand):
         if verbosity >= 2:
             logging.getLogger("django_dbqueue").setLevel(logging.DEBUG)
         progress = Progress(self.stdout.write, options["progress_interval"]) if verbosity else None
-        async_lanes = self.async_lanes(options["async_concurrency"], verbosity)
+        async_lanes = self.async_lanes(options["async_concurrency"])
         worker_options: dict[str, Any] = {
             "queues": queues,
             "batch_size": options["batch_size"],
@@ -190,11 +192,11 @@ class Command(BaseCommand):
             if server is not None:
                 server.close()  # last: a final scrape still sees the whole run
 
-    def async_lanes(self, given: int | None, verbosity: int) -> int:
+    def async_lanes(self, given: int | None) -> int:
         """--async-concurrency, else the setting; a note when async jobs would wait."""
         lanes = int(settings.ASYNC_CONCURRENCY) if given is None else given
-        if verbosity and not lanes and any(e.is_async for e in registry.all_tasks()):
-            self.stdout.write(
+        if not lanes and any(entry.is_async for entry in registry.all_tasks()):
+            logger.info(
                 "Async @job functions run one at a time per thread: pass "
                 "--async-concurrency N to await N at once (docs/async.md)."
             )
