@@ -10,7 +10,7 @@ from django_dbqueue.registry import job
 if TYPE_CHECKING:
     from django_dbqueue.models import Job
 
-__all__ = ["enqueue", "enqueue_many", "job"]
+__all__ = ["aenqueue", "aenqueue_many", "enqueue", "enqueue_many", "job"]
 __version__ = "0.1.0"
 
 
@@ -27,3 +27,17 @@ def enqueue_many(jobs: Any, /, **options: Any) -> list[Job]:
     from django_dbqueue.bulk import enqueue_many as _enqueue_many
 
     return _enqueue_many(jobs, **options)
+
+
+async def aenqueue(task: Any, args: Any = None, kwargs: Any = None, **options: Any) -> Job:
+    """:func:`enqueue` for async code; see :func:`django_dbqueue.enqueueing.aenqueue`."""
+    from django_dbqueue.enqueueing import aenqueue as _aenqueue
+
+    return await _aenqueue(task, args, kwargs, **options)
+
+
+async def aenqueue_many(jobs: Any, /, **options: Any) -> list[Job]:
+    """:func:`enqueue_many` for async code; see :func:`django_dbqueue.bulk.aenqueue_many`."""
+    from django_dbqueue.bulk import aenqueue_many as _aenqueue_many
+
+    return await _aenqueue_many(jobs, **options)

@@ -19,13 +19,14 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
+from asgiref.sync import sync_to_async
 from django.db import router, transaction
 from django.db.models.base import ModelState
 from django.utils import timezone
 
 from django_dbqueue import bounds, signals
 from django_dbqueue.arguments import Call, check_call
-from django_dbqueue.enqueueing import check_shared, new_job
+from django_dbqueue.enqueueing import check_shared, new_job, refuse_event_loop
 from django_dbqueue.exceptions import InvalidJob
 from django_dbqueue.models import Job
 from django_dbqueue.observability import tracing
@@ -78,8 +79,9 @@ def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]], batch_size: int = 
 
     ``unique_key`` is refused: one multi-row INSERT cannot skip the rows whose key is
     taken (MariaDB's INSERT IGNORE would also swallow every other error), so use
-    :func:`enqueue` for unique jobs.
+    :func:`enqueue` for unique jobs. From async code, ``await aenqueue_many(...)``.
     """
+    refuse_event_loop("enqueue_many", "aenqueue_many")
     # The caller's iterable is read before any statement: it may query the database.
     items = jobs if isinstance(jobs, list | tuple) else list(jobs)
     with _no_cyclic_gc():
@@ -106,6 +108,14 @@ def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]], batch_size: int = 
     due = None if many.delayed else {shared.columns["queue"] for shared in many.distinct_shared()}
     transaction.on_commit(partial(_committed, created, using, due), using=using)
     return created
+
+
+async def aenqueue_many(
+    jobs: Iterable[JobSpec | Mapping[str, Any]], batch_size: int = 1000
+) -> list[Job]:
+    """:func:`enqueue_many` for async code: the same arguments, checks and result, run
+    where Django's async ORM runs this code's queries (as ``aenqueue()``)."""
+    return await sync_to_async(enqueue_many, thread_sensitive=True)(jobs, batch_size)
 
 
 def _committed(jobs: list[Job], using: str, due: set[str] | None) -> None:

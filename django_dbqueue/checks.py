@@ -220,6 +220,16 @@ def check_task_settings(**kwargs: Any) -> list[checks.CheckMessage]:
                 id="django_dbqueue.E405",
             )
         )
+    lanes = settings.ASYNC_CONCURRENCY
+    if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 0:
+        errors.append(
+            checks.Error(
+                "DBQUEUE['ASYNC_CONCURRENCY'] must be a whole number of async jobs >= 0.",
+                hint="For example 50: each worker process awaits up to 50 async def jobs at "
+                "once (docs/async.md); 0 runs each one alone.",
+                id="django_dbqueue.E407",
+            )
+        )
     for name, check in (
         ("MAX_ATTEMPTS", bounds.check_max_attempts),
         ("JOB_TIMEOUT", bounds.check_timeout),

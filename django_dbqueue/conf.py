@@ -36,6 +36,9 @@ DEFAULTS: dict[str, Any] = {
     "LEASE_TIMEOUT": 60.0,  # a claimed job whose lease is this old is recovered
     "HEARTBEAT_INTERVAL": 10.0,  # how often a live worker renews its leases
     "JOB_TIMEOUT": None,  # seconds; None = no limit unless the job sets one
+    # async def jobs each worker process runs at once on an event loop (run_jobs
+    # --async-concurrency overrides); 0: each runs alone on a loop of its own (docs/async.md).
+    "ASYNC_CONCURRENCY": 0,
     # Seconds a running job gets to stop by itself (past its timeout, after an operator's
     # cancel, after a second SIGTERM) before the supervisor SIGKILLs its worker process.
     "KILL_GRACE": 5.0,

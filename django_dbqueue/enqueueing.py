@@ -2,10 +2,13 @@
 
 The options are defined in ``options.py``, a call's arguments are checked in
 ``arguments.py``; this module resolves the task, builds the Job and inserts it.
+``aenqueue()`` is the same for async code.
 """
 
 from __future__ import annotations
 
+import asyncio
+import os
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -13,6 +16,7 @@ from functools import partial
 from types import MappingProxyType
 from typing import Any, Unpack
 
+from asgiref.sync import sync_to_async
 from django.db import OperationalError, connections, router, transaction
 from django.db.models.base import ModelState
 from django.utils import timezone
@@ -160,12 +164,41 @@ def enqueue(
     max_attempts, timeout, retry_backoff, unique_key, concurrency_key and
     concurrency_limit (default 1; docs/concurrency.md). With ``unique_key`` set and a
     job of that key still waiting or running, that job is returned instead of a new
-    one. A misspelt option is a TypeError.
+    one. A misspelt option is a TypeError. From async code, ``await aenqueue(...)``.
     """
+    refuse_event_loop("enqueue", "aenqueue")
     if options:
         bounds.unknown_options("enqueue()", options, NAMES)
     job, _created = save_job(build_job(task, args, kwargs, **options))
     return job
+
+
+async def aenqueue(
+    task: Any,
+    args: Sequence[Any] | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    **options: Unpack[EnqueueOptions],
+) -> Job:
+    """:func:`enqueue` for async code (an ``async def`` view, an async job): the same
+    arguments, checks and result.
+
+    It runs in the thread where Django's async ORM runs this code's queries
+    (``sync_to_async``, thread-sensitive), so it joins a transaction opened there and the
+    job becomes visible when that transaction commits, as with enqueue().
+    """
+    return await sync_to_async(enqueue, thread_sensitive=True)(task, args, kwargs, **options)
+
+
+def refuse_event_loop(name: str, async_name: str) -> None:
+    """InvalidJob when called where an event loop runs: Django would refuse the INSERT
+    with SynchronousOnlyOperation, which does not say what to use instead.
+    ``DJANGO_ALLOW_ASYNC_UNSAFE`` lifts both refusals."""
+    if asyncio._get_running_loop() is not None and not os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE"):
+        raise InvalidJob(
+            f"{name}() was called from async code (an event loop runs in this thread), "
+            f"where Django refuses blocking queries: use `await {async_name}(...)`, which "
+            f"takes the same arguments, or wrap the call in sync_to_async."
+        )
 
 
 def save_job(job: Job) -> tuple[Job, bool]:

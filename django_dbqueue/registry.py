@@ -57,6 +57,8 @@ class RegisteredTask:
     defaults: dict[str, Any] = field(default_factory=dict)
     # Recurring schedules declared with @job(schedule=...): (name, settings-style entry).
     schedules: tuple[tuple[str, dict[str, Any]], ...] = ()
+    # An ``async def`` function: the worker awaits it (worker/executors/asyncio.py).
+    is_async: bool = False
 
 
 _registry: dict[str, RegisteredTask] = {}
@@ -166,16 +168,17 @@ def register(function: Any, **defaults: Any) -> RegisteredTask:
         )
     if not isinstance(function, types.FunctionType):
         raise TypeError(f"@job decorates functions, not {function!r}.")
-    if function.__code__.co_flags & 0x80:  # CO_COROUTINE: an async def
+    if function.__code__.co_flags & 0x200:  # CO_ASYNC_GENERATOR: nothing to await
         raise TypeError(
-            f"{function.__qualname__} is an async function; the worker calls @job functions "
-            "synchronously. Use Django Tasks' @task for async functions."
+            f"{function.__qualname__} is an async generator; @job takes functions and "
+            "async functions (a job's result is one JSON value)."
         )
     path = f"{function.__module__}.{function.__qualname__}"
     problem = unimportable_name(function.__module__, function.__qualname__)
     if problem:
         raise TypeError(f"@job cannot register {path}: {problem}")
-    entry = RegisteredTask(path, function, False, check_defaults(defaults))
+    is_async = bool(function.__code__.co_flags & 0x80)  # CO_COROUTINE: an async def
+    entry = RegisteredTask(path, function, False, check_defaults(defaults), is_async=is_async)
     _registry[path] = entry
     return entry
 

@@ -1,12 +1,14 @@
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from django.db import connection
+from asgiref.sync import sync_to_async
+from django.db import connection, connections
 
 from tests.support import CURRENT_DB, CURRENT_VENDOR, SECOND_DATABASE, Processes
 
@@ -52,3 +54,16 @@ def processes() -> Iterator[Processes]:
     procs = Processes()
     yield procs
     procs.kill_all()
+
+
+@pytest.fixture
+def async_connections() -> Iterator[None]:
+    """Close, after the test, the connections of the thread where code running under
+    ``asyncio.run`` sends its blocking work (``sync_to_async``, thread-sensitive): they
+    would outlive the test and keep its database from being dropped."""
+    yield
+
+    async def close() -> None:
+        await sync_to_async(connections.close_all, thread_sensitive=True)()
+
+    asyncio.run(close())

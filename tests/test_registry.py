@@ -145,13 +145,22 @@ def test_job_refuses_what_a_worker_could_never_find(fresh_registry: None) -> Non
         job(namespace["in_script"])
 
 
-def test_job_refuses_async_functions_classes_and_tasks(fresh_registry: None) -> None:
+def test_job_takes_async_functions_and_refuses_generators_classes_and_tasks(
+    fresh_registry: None,
+) -> None:
     async def coroutine() -> None:
         return None
 
+    async def generator() -> Any:
+        yield 1
+
     coroutine.__qualname__ = "coroutine"  # module level, as far as @job can tell
-    with pytest.raises(TypeError, match="async function"):
-        job(coroutine)
+    generator.__qualname__ = "generator"
+    assert job(coroutine) is coroutine
+    entry = registry.registered(f"{__name__}.coroutine")
+    assert entry is not None and entry.is_async
+    with pytest.raises(TypeError, match="async generator"):
+        job(generator)
     with pytest.raises(TypeError, match="decorates functions"):
         job(Worker)
     with pytest.raises(TypeError, match="is a Django Tasks task"):

@@ -116,17 +116,21 @@ class BaseLock(ABC):
         self, blocking: bool = True, blocking_timeout: float | None = None
     ) -> None:
         if not self.acquire(blocking, blocking_timeout):
-            raise LockNotAcquired(
-                f"Lock {self.name!r} ({self.backend_name}, limit={self.limit}) is held by "
-                + ("someone else" if self.limit == 1 else f"{self.limit} holders")
-                + (
-                    f"; gave up after {blocking_timeout:g} s."
-                    if blocking and blocking_timeout is not None
-                    else "."
-                    if blocking
-                    else " and blocking=False."
-                )
+            raise self.not_acquired(blocking, blocking_timeout)
+
+    def not_acquired(self, blocking: bool, blocking_timeout: float | None) -> LockNotAcquired:
+        """The error for a lock that was busy until the caller gave up."""
+        return LockNotAcquired(
+            f"Lock {self.name!r} ({self.backend_name}, limit={self.limit}) is held by "
+            + ("someone else" if self.limit == 1 else f"{self.limit} holders")
+            + (
+                f"; gave up after {blocking_timeout:g} s."
+                if blocking and blocking_timeout is not None
+                else "."
+                if blocking
+                else " and blocking=False."
             )
+        )
 
     def release(self) -> None:
         """Give the lock back. Raise :class:`LockLost` if it was no longer ours (it was

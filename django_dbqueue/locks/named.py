@@ -1,17 +1,21 @@
-"""``named_lock``: one API over every backend, as a context manager and as a decorator."""
+"""``named_lock``: one API over every backend, as a context manager and as a decorator,
+for sync and async code alike."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import logging
 import string
 import threading
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, TypeVar
 
+from asgiref.sync import sync_to_async
 from django.db import connections
 from django.utils.module_loading import import_string
 
@@ -25,11 +29,12 @@ from django_dbqueue.exceptions import (
     LockReleasedBeforeCommitWarning,
     RetryJob,
 )
-from django_dbqueue.locks.base import BaseLock
+from django_dbqueue.locks.base import MAX_POLL, MIN_POLL, BaseLock
 
 logger = logging.getLogger("django_dbqueue.locks")
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 BACKENDS = {
     "redis": "django_dbqueue.locks.redis.RedisLock",
@@ -37,6 +42,20 @@ BACKENDS = {
     "postgres": "django_dbqueue.locks.postgres.PostgresLock",
 }
 RELEASE_MODES = ("warn", "raise", "ignore")
+
+# Held locks of `async with` blocks, per task (a thread runs many): (named_lock, lock).
+_held_async: ContextVar[tuple[tuple[Any, BaseLock], ...]] = ContextVar(
+    "dbqueue_held_async", default=()
+)
+# Releases of acquisitions whose waiter was cancelled meanwhile (kept from the collector).
+_abandoned: set[asyncio.Future[Any]] = set()
+
+
+def in_sync_thread(func: Callable[..., T]) -> Callable[..., Coroutine[Any, Any, T]]:
+    """``func`` for async code: run in the thread where Django's async ORM runs this
+    code's queries (thread-sensitive), so a database lock's session and the caller's
+    transaction are always on the same thread as the rest of its blocking work."""
+    return sync_to_async(func, thread_sensitive=True)
 
 
 def default_backend_name() -> str:
@@ -171,12 +190,66 @@ class named_lock:  # lower case: it reads like a function, `with named_lock(...)
                 raise LockReleasedBeforeCommit(message)
             warnings.warn(message, LockReleasedBeforeCommitWarning, stacklevel=3)
 
+    # The same for async code ------------------------------------------------------------
+
+    async def aacquire(self, name: str) -> BaseLock:
+        """:meth:`acquire` for async code: each attempt runs in the sync thread
+        (:func:`in_sync_thread`), the waits between attempts on the event loop, so a
+        waiter never holds up that thread (where the holder's release must run)."""
+        lock = await in_sync_thread(get_backend(self.backend))(name, **self.options)
+        loop = asyncio.get_running_loop()
+        wait = self.blocking_timeout if self.blocking else 0.0
+        deadline = None if wait is None else loop.time() + wait
+        pause = MIN_POLL
+        while not await self._attempt(lock):
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                raise lock.not_acquired(self.blocking, self.blocking_timeout)
+            await asyncio.sleep(pause if left is None else min(pause, left))
+            pause = min(pause * 2, MAX_POLL)
+        if self.auto_renew:
+            lock.start_auto_renew()
+        return lock
+
+    async def _attempt(self, lock: BaseLock) -> bool:
+        """One attempt; if the waiter is cancelled meanwhile, a lock it took is released."""
+        attempt = asyncio.ensure_future(in_sync_thread(lock.acquire)(False, self.blocking_timeout))
+        try:
+            return await asyncio.shield(attempt)
+        except asyncio.CancelledError:
+            attempt.add_done_callback(functools.partial(_release_abandoned, lock))
+            raise
+
+    async def arelease(self, lock: BaseLock, failing: bool) -> None:
+        """:meth:`release` for async code, carried out even if the task is cancelled."""
+        releasing = asyncio.ensure_future(in_sync_thread(self.release)(lock, failing))
+        await asyncio.shield(releasing)
+
+    async def __aenter__(self) -> BaseLock:
+        lock = await self.aacquire(self.fixed_name())
+        _held_async.set((*_held_async.get(), (self, lock)))
+        return lock
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        held = _held_async.get()
+        index = max(i for i, (owner, _) in enumerate(held) if owner is self)
+        _held_async.set(held[:index] + held[index + 1 :])
+        await self.arelease(held[index][1], failing=exc is not None)
+
     # Context manager -------------------------------------------------------------------
 
-    def __enter__(self) -> BaseLock:
+    def fixed_name(self) -> str:
         if not isinstance(self.name, str):
             raise TypeError("A lock name built from arguments only works as a decorator.")
-        lock = self.acquire(self.name)
+        return self.name
+
+    def __enter__(self) -> BaseLock:
+        lock = self.acquire(self.fixed_name())
         stack: list[BaseLock] = self.local.__dict__.setdefault("stack", [])
         stack.append(lock)
         return lock
@@ -192,10 +265,10 @@ class named_lock:  # lower case: it reads like a function, `with named_lock(...)
     # Decorator -------------------------------------------------------------------------
 
     def __call__(self, func: F) -> F:
-        if inspect.iscoroutinefunction(func):
-            raise TypeError("named_lock does not decorate async functions yet.")
         signature = inspect.signature(func)
         self.check_template(signature, func)
+        if inspect.iscoroutinefunction(func):
+            return self.wrap_async(func, signature)
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -210,6 +283,27 @@ class named_lock:  # lower case: it reads like a function, `with named_lock(...)
                 self.release(lock, failing=True)
                 raise
             self.release(lock, failing=False)
+            return result
+
+        return wrapper  # type: ignore[return-value]
+
+    def wrap_async(self, func: F, signature: inspect.Signature) -> F:
+        """The decorator for an ``async def`` (an async view, an async job)."""
+
+        @functools.wraps(func)
+        async def wrapper(*args: Any, **kwargs: Any) -> Any:
+            name = self.name_for(signature, args, kwargs)
+            try:
+                lock = await self.aacquire(name)
+            except (LockNotAcquired, LockBackendUnavailable) as error:
+                answer = self.not_acquired(error, args, kwargs)
+                return await answer if inspect.isawaitable(answer) else answer
+            try:
+                result = await func(*args, **kwargs)
+            except BaseException:
+                await self.arelease(lock, failing=True)
+                raise
+            await self.arelease(lock, failing=False)
             return result
 
         return wrapper  # type: ignore[return-value]
@@ -261,4 +355,19 @@ class named_lock:  # lower case: it reads like a function, `with named_lock(...)
             response["Retry-After"] = str(max(1, round(self.retry_delay)))
             return response
         assert callable(self.on_fail)
-        return self.on_fail(*args, **kwargs)
+        return self.on_fail(*args, **kwargs)  # an async function's answer is awaited
+
+
+def _release_abandoned(lock: BaseLock, attempt: asyncio.Future[bool]) -> None:
+    """An attempt whose waiter was cancelled took the lock: give it back at once."""
+    if attempt.cancelled() or attempt.exception() is not None or not attempt.result():
+        return
+    releasing = asyncio.ensure_future(in_sync_thread(lock.release)())
+    _abandoned.add(releasing)
+    releasing.add_done_callback(_forget)
+
+
+def _forget(releasing: asyncio.Future[Any]) -> None:
+    _abandoned.discard(releasing)
+    if not releasing.cancelled() and releasing.exception() is not None:
+        logger.warning("Lock released after its waiter was cancelled: %s", releasing.exception())

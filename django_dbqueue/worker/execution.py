@@ -1,7 +1,13 @@
-"""Running one job's callable: look it up in the registry, call it, enforce its timeout."""
+"""Running one job's callable: look it up in the registry, call it, enforce its timeout.
+
+An ``async def`` job is awaited by :func:`acall_job` on the event loop of the asyncio
+executor (``run_jobs --async-concurrency N``); without one, :func:`call_job` runs it to
+completion on an event loop of its own, one job at a time.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import threading
@@ -51,6 +57,28 @@ def call_job(job: Job) -> Any:
         return _call(job)
 
 
+def runs_async(job: Job) -> bool:
+    """Is the job's task an ``async def`` ``@job`` (for the asyncio executor's loop)?
+    An unregistered path is not: the plain call fails it."""
+    entry = registry.registered(job.task)
+    return entry is not None and entry.is_async
+
+
+async def acall_job(job: Job) -> Any:
+    """Await the job's ``async def`` task with its arguments; return a JSON-ready result.
+
+    The event loop's side of :func:`call_job`: the same registry, wrappers and result
+    checks."""
+    entry = registry.find(job.task)
+    wrapped = hooks.around(job)
+    if wrapped is None:
+        result = await entry.func(*(job.args or []), **(job.kwargs or {}))
+    else:
+        with wrapped:
+            result = await entry.func(*(job.args or []), **(job.kwargs or {}))
+    return _stored(job, result)
+
+
 def _call(job: Job) -> Any:
     # Nothing is imported for the path: a row names its task, and whoever wrote the row
     # must not choose what code is imported. A path the registry does not know raises
@@ -60,8 +88,15 @@ def _call(job: Job) -> Any:
         if _task_runner is None:
             raise RuntimeError("Django Tasks is not wired in: AppConfig.ready() has not run")
         result = _task_runner(entry.func, job)
+    elif entry.is_async:
+        # No event loop of the executor's here: this job gets one of its own.
+        result = asyncio.run(entry.func(*(job.args or []), **(job.kwargs or {})))
     else:
         result = entry.func(*(job.args or []), **(job.kwargs or {}))
+    return _stored(job, result)
+
+
+def _stored(job: Job, result: Any) -> Any:
     if type(result) in _PLAIN and (
         type(result) is not str or (len(result) <= 1024 and "\x00" not in result)
     ):

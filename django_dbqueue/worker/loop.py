@@ -63,6 +63,7 @@ class Worker:
         parent_pid: int | None = None,
         slot: Slot | None = None,
         threads: int = 1,
+        async_concurrency: int = 0,
     ) -> None:
         self.queues = list(queues or settings.QUEUES)
         self.batch_size = int(batch_size or settings.BATCH_SIZE)
@@ -76,13 +77,16 @@ class Worker:
         # leases and its row. Otherwise it keeps them itself, from a heartbeat thread.
         self.supervised = slot is not None
         if slot is None:
-            slot = SlotTable(1, held_capacity(self.batch_size, threads), lanes=threads)[0]
+            lanes = threads + async_concurrency
+            slot = SlotTable(1, held_capacity(self.batch_size, lanes), lanes=lanes)[0]
         self.slot = slot
         self.batch_size = min(self.batch_size, slot.capacity)
         self.stopping = threading.Event()
         self.recorder = Recorder(self.name, slot, on_progress)
         self.stats = self.recorder.stats
-        self.executor = make_executor(threads, self.recorder, self.stopping, handle_signals)
+        self.executor = make_executor(
+            threads, self.recorder, self.stopping, handle_signals, async_concurrency
+        )
         self.listening = Listening(self.name, self.queues, self.stopping)
         self._pauses = PauseWatcher(self.queues)
         self._claim_ahead = float(settings.CLAIM_AHEAD)  # read once: consulted every claim

@@ -64,8 +64,10 @@ class Supervisor:
         self.duties = Duties(self.queues, progress.note if progress is not None else None)
         self.name = rows.process_name()
         batch_size = int(worker_options.get("batch_size") or settings.BATCH_SIZE)
-        threads = int(worker_options.get("threads") or 1)
-        self.table = SlotTable(concurrency, held_capacity(batch_size, threads), lanes=threads)
+        # A lane per thread, and one per async job at once (--async-concurrency).
+        lanes = int(worker_options.get("threads") or 1)
+        lanes += int(worker_options.get("async_concurrency") or 0)
+        self.table = SlotTable(concurrency, held_capacity(batch_size, lanes), lanes=lanes)
         self.keeper = Keeper()
         self._ctx = multiprocessing.get_context("fork")
         self._children: dict[int, Child] = {}

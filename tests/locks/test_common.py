@@ -6,11 +6,10 @@ MySQL run GET_LOCK, the PostgreSQL run advisory locks.
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,23 +30,6 @@ from django_dbqueue.locks import (
 )
 from django_dbqueue.models import Counter
 from tests.support.lock_procs import max_overlap, run_lock_workers
-
-BACKEND_OF_RUN = {"sqlite": "redis", "mysql": "mysql", "postgres": "postgres"}
-
-
-@pytest.fixture
-def backend() -> Iterator[str]:
-    """This run's lock backend, also made the configured default."""
-    name = BACKEND_OF_RUN[os.environ.get("DBQUEUE_DB", "sqlite")]
-    from django.conf import settings
-
-    with override_settings(DBQUEUE={**settings.DBQUEUE, "LOCK_BACKEND": name}):
-        yield name
-
-
-@pytest.fixture
-def lock_name() -> str:
-    return f"test-{uuid.uuid4().hex[:12]}"
 
 
 def counter_backend(backend: str) -> str:

@@ -8,12 +8,10 @@ GET_LOCK, PostgreSQL: advisory locks) and both counter backends where they diffe
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Callable, Iterator
 
 import pytest
 from django.db import connection
-from django.test import override_settings
 
 from django_dbqueue.conf import settings as dbqueue_settings
 from django_dbqueue.locks import LockNotAcquired, named_lock, next_counter_value
@@ -24,18 +22,7 @@ from django_dbqueue.locks.redis import EPOCH_BITS, redis_client, redis_key
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-BACKEND_OF_RUN = {"sqlite": "redis", "mysql": "mysql", "postgres": "postgres"}
 REDIS_KINDS = ("mutex", "semaphore", "fence", "counter")
-
-
-@pytest.fixture
-def backend() -> Iterator[str]:
-    """This run's lock backend, made the configured default."""
-    name = BACKEND_OF_RUN[os.environ.get("DBQUEUE_DB", "sqlite")]
-    from django.conf import settings
-
-    with override_settings(DBQUEUE={**settings.DBQUEUE, "LOCK_BACKEND": name}):
-        yield name
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """Jobs the tests enqueue, registered with @job; DBQUEUE['TASK_MODULES'] lists this module
 (tests/ is not an installed app), so the workers tests start find them too."""
 
+import asyncio
 import os
 import time
 
@@ -153,3 +154,88 @@ def slot_probe(directory: str, key: str, n: int, fail_first: bool = False) -> No
         out.write(f"end {key} {n} {time.monotonic_ns()} {os.getpid()}\n")
     if failing:
         raise RuntimeError(f"first run of {key}:{n} fails")
+
+
+# -- async def jobs (docs/async.md) ------------------------------------------------------
+
+# How many async_crowd jobs this process runs now, and the most it ran at once.
+_crowd = {"running": 0, "peak": 0}
+
+
+@job
+async def async_add(a: int, b: int) -> int:
+    await asyncio.sleep(0)
+    return a + b
+
+
+@job
+async def async_record(key: str, sleep: float = 0.0) -> str:
+    """record() for the event loop: the row is written through Django's async ORM."""
+    if sleep:
+        await asyncio.sleep(sleep)
+    await Execution.objects.acreate(key=key, pid=os.getpid())
+    return key
+
+
+@job
+async def async_sleep(seconds: float) -> float:
+    await asyncio.sleep(seconds)
+    return seconds
+
+
+@job
+async def async_crowd(wanted: int, seconds: float) -> int:
+    """A barrier: wait (at most a minute) until ``wanted`` of these have run at once in
+    this process, then sleep ``seconds``; returns the most that ran at once so far."""
+    _crowd["running"] += 1
+    _crowd["peak"] = max(_crowd["peak"], _crowd["running"])
+    try:
+        deadline = time.monotonic() + 60
+        while _crowd["peak"] < wanted and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        await asyncio.sleep(seconds)
+        return _crowd["peak"]
+    finally:
+        _crowd["running"] -= 1
+
+
+@job
+async def async_hold_until(path: str, key: str) -> None:
+    """hold_until() for the event loop: a gate the test opens by creating ``path``."""
+    await Execution.objects.acreate(key=key, pid=os.getpid())
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
+
+
+@job
+async def async_block(seconds: float) -> None:
+    """Blocks the event loop itself (a hostile async job): no asyncio timeout reaches it."""
+    time.sleep(seconds)
+
+
+@job
+async def async_raise(kind: str) -> None:
+    if kind == "exit":
+        raise SystemExit(3)
+    if kind == "timeout":
+        raise TimeoutError("the job's own timeout")
+    raise ValueError(kind)
+
+
+_strays: set[asyncio.Task[None]] = set()
+
+
+@job
+async def async_stray_exit() -> str:
+    """Starts a task of its own that raises SystemExit (which asyncio lets out of the
+    loop), then finishes its own work."""
+
+    async def leave() -> None:
+        raise SystemExit(4)
+
+    stray = asyncio.get_running_loop().create_task(leave())
+    _strays.add(stray)
+    stray.add_done_callback(_strays.discard)
+    await asyncio.sleep(0.2)
+    return "survived"

@@ -16,15 +16,25 @@ from django_dbqueue.queue.schema import schema_problem
 from django_dbqueue.worker.progress import Progress
 from django_dbqueue.worker.supervisor import EarlyStop, Supervisor
 
+logger = logging.getLogger("django_dbqueue.worker")
 
-def positive_int(value: str) -> int:
+
+def whole_number(value: str, least: int) -> int:
     try:
         number = int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    if number < least:
+        raise argparse.ArgumentTypeError(f"must be at least {least}, got {number}")
     return number
+
+
+def positive_int(value: str) -> int:
+    return whole_number(value, 1)
+
+
+def non_negative_int(value: str) -> int:
+    return whole_number(value, 0)
 
 
 def positive_float(value: str) -> float:
@@ -35,6 +45,34 @@ def positive_float(value: str) -> float:
     if not number > 0:
         raise argparse.ArgumentTypeError(f"must be greater than 0, got {value}")
     return number
+
+
+def add_concurrency_arguments(parser: CommandParser) -> None:
+    """How many jobs run at once: processes, threads in each, async jobs in each."""
+    parser.add_argument(
+        "--concurrency",
+        "-c",
+        type=positive_int,
+        default=1,
+        help="Worker processes to run under the supervisor (default 1).",
+    )
+    parser.add_argument(
+        "--threads",
+        "-t",
+        type=positive_int,
+        default=1,
+        help="Jobs each process runs at once, in threads, for I/O-bound jobs (default 1; "
+        "see docs/reliability.md for what changes).",
+    )
+    parser.add_argument(
+        "--async-concurrency",
+        "-a",
+        type=non_negative_int,
+        default=None,
+        help="async def jobs each process runs at once on an event loop, beside its "
+        "other jobs (default DBQUEUE['ASYNC_CONCURRENCY']; 0: each async job on its own "
+        "in the process's thread(s); see docs/async.md).",
+    )
 
 
 class Command(BaseCommand):
@@ -50,21 +88,7 @@ class Command(BaseCommand):
             help="Queue to take jobs from; repeat for several (default: all "
             "queues in DBQUEUE['QUEUES']).",
         )
-        parser.add_argument(
-            "--concurrency",
-            "-c",
-            type=positive_int,
-            default=1,
-            help="Worker processes to run under the supervisor (default 1).",
-        )
-        parser.add_argument(
-            "--threads",
-            "-t",
-            type=positive_int,
-            default=1,
-            help="Jobs each process runs at once, in threads, for I/O-bound jobs (default 1; "
-            "see docs/reliability.md for what changes).",
-        )
+        add_concurrency_arguments(parser)
         parser.add_argument(
             "--batch-size",
             type=positive_int,
@@ -136,17 +160,20 @@ class Command(BaseCommand):
         if verbosity >= 2:
             logging.getLogger("django_dbqueue").setLevel(logging.DEBUG)
         progress = Progress(self.stdout.write, options["progress_interval"]) if verbosity else None
+        async_lanes = self.async_lanes(options["async_concurrency"])
         worker_options: dict[str, Any] = {
             "queues": queues,
             "batch_size": options["batch_size"],
             "burst": options["burst"],
             "max_jobs": options["max_jobs"],
             "threads": options["threads"],
+            "async_concurrency": async_lanes,
         }
         concurrency: int = options["concurrency"]
         if progress is not None:
             mode = "burst" if options["burst"] else "waiting for jobs"
             threads = f" x {options['threads']} threads" if options["threads"] > 1 else ""
+            threads += f" + {async_lanes} async" if async_lanes else ""
             self.stdout.write(
                 f"Running jobs from {', '.join(queues)} with {concurrency} "
                 f"process(es){threads}, {mode}. Ctrl-C to stop."
@@ -164,6 +191,16 @@ class Command(BaseCommand):
         finally:
             if server is not None:
                 server.close()  # last: a final scrape still sees the whole run
+
+    def async_lanes(self, given: int | None) -> int:
+        """--async-concurrency, else the setting; a note when async jobs would wait."""
+        lanes = int(settings.ASYNC_CONCURRENCY) if given is None else given
+        if not lanes and any(entry.is_async for entry in registry.all_tasks()):
+            logger.info(
+                "Async @job functions run one at a time per thread: pass "
+                "--async-concurrency N to await N at once (docs/async.md)."
+            )
+        return lanes
 
 
 def _metrics_server(port: int | None) -> Any:

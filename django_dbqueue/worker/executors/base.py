@@ -91,6 +91,15 @@ class Executor:
     def run(self, job: Job, lane: int) -> None:
         """One job in ``lane``: the check that it was not cancelled meanwhile, the
         attempt, its lane in the slot, the call, then its outcome recorded."""
+        started = self.begin(job, lane)
+        if started is not None:
+            timeout, began = started
+            result, error = self.call(job, lane, timeout, began)
+            self.finish(job, lane, result, error, began)
+
+    def begin(self, job: Job, lane: int) -> tuple[float | None, float] | None:
+        """Before the call: (its timeout, the time.monotonic() it starts at), or None
+        when an operator cancelled it meanwhile (then it is recorded so)."""
         refresh_connections()
         # The keeper lists held jobs an operator cancelled; the database has the last
         # word, since the list is only as fresh as the last heartbeat.
@@ -99,7 +108,7 @@ class Executor:
             and Job.objects.filter(pk=job.id, cancel_requested=True).exists()
         ):
             self.recorder.cancelled(job, "Cancelled by an operator before it started.")
-            return
+            return None
         wall = time.time()
         job.note_attempt(wall_time(wall))
         if logger.isEnabledFor(logging.DEBUG):
@@ -107,8 +116,12 @@ class Executor:
             logger.debug("Job %s (%s) started", job.id, job.task, extra=extra)
         signals.job_started.send(Job, job=job, worker=self.name)
         timeout = float(job.timeout or self.job_timeout or 0) or None
-        began = self.slot.start(job.id, timeout, lane, wall=wall)
-        result, error = self.call(job, lane, timeout, began)
+        return timeout, self.slot.start(job.id, timeout, lane, wall=wall)
+
+    def finish(
+        self, job: Job, lane: int, result: Any, error: BaseException | None, began: float
+    ) -> None:
+        """After the call: the outcome recorded, the lane freed."""
         ran = time.monotonic() - began
         # From here on, no interruption reaches the worker's own bookkeeping.
         self.slot.returned(lane)
