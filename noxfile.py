@@ -8,6 +8,7 @@ One session per cell and kind of run, each in a uv virtualenv of its own:
     nox -s "full(3.13-django6.1)"             # the whole suite, once per database
     DBQUEUE_TEST_DATABASES=sqlite nox -s "full(3.11-django5.2)" -- -k claim
     nox -s "fresh(3.12-django6.1)"            # only the new projects from the built wheel
+    nox -s galera                             # the Galera suite (a 3-node cluster of its own)
 
 `make test` (scripts/test.sh) runs `full` on the two corners (oldest and newest; its
 SQLite run includes the fresh-project tests) and `smoke` on every other cell (with
@@ -189,3 +190,14 @@ def fresh(session: nox.Session, django: str) -> None:
     """Brand-new projects with the app installed from the built wheel (SQLite)."""
     install(session, django)
     pytest(session, "sqlite", "-m", "fresh")
+
+
+@nox.session(python="3.11")
+def galera(session: nox.Session) -> None:
+    """The Galera suite: a 3-node MariaDB Galera Cluster started on loopback by the tests
+    themselves (tests/support/galera.py: ports 3321-3323, 4601-4623, data under
+    DBQUEUE_GALERA_DIR), the tests marked galera against it, the cluster stopped at the
+    end. Needs Debian's mariadb-server and galera-4 packages and root (the nodes run as
+    the mysql user). One run at a time per machine: the ports are fixed."""
+    install(session, "5.2")
+    pytest(session, "mysql", "-m", "galera", "tests/galera", DBQUEUE_TEST_GALERA="1")
