@@ -149,7 +149,7 @@ class Worker:
             role = WorkerRow.Role.WORKER
             self.recorder.retry(lambda: rows.register(self.name, os.getpid(), role, self.queues))
             self.recorder.retry(recover)
-            self._heartbeat = HeartbeatThread(self, self._heartbeat_failed)
+            self._heartbeat = HeartbeatThread(self)
             self._heartbeat.start()
         self.executor.start()
         logger.info(
@@ -243,14 +243,6 @@ class Worker:
         return jobs
 
     # -- stopping ----------------------------------------------------------------------
-
-    def _heartbeat_failed(self, exc: Exception) -> None:
-        logger.warning(
-            "Worker %s: heartbeat failed (%s); will retry",
-            self.name,
-            exc,
-            extra=log_fields("db_error", self.name),
-        )
 
     def _shutdown(self) -> None:
         self.stopping.set()

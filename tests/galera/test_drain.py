@@ -48,7 +48,10 @@ def drain(cluster: GaleraCluster, nodes: list[int]) -> tuple[float, list[str]]:
         subprocess.Popen(
             [sys.executable, "manage.py", "run_jobs", "--burst", "--concurrency", "2"],
             cwd=ROOT,
-            env=cluster.env(node, LEASE_TIMEOUT=60),
+            env={
+                **cluster.env(node, LEASE_TIMEOUT=60),
+                "DBQUEUE_TEST_DEBUG_LOGGERS": "django_dbqueue.actions",
+            },
             text=True,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -66,6 +69,7 @@ def drain(cluster: GaleraCluster, nodes: list[int]) -> tuple[float, list[str]]:
 def test_supervisors_on_three_nodes_drain_exactly_once(cluster: GaleraCluster) -> None:
     layouts = {"spread": [0, 1, 2], "one node": [0] * SUPERVISORS}
     seconds: dict[str, list[float]] = {name: [] for name in layouts}
+    conflicts: dict[str, list[int]] = {name: [] for name in layouts}
     for run in range(2):
         for name, nodes in layouts.items() if run % 2 == 0 else reversed(layouts.items()):
             cluster.truncate("dbqueue_job", "testproject_execution", "dbqueue_worker")
@@ -88,9 +92,16 @@ def test_supervisors_on_three_nodes_drain_exactly_once(cluster: GaleraCluster) -
                 if "WARNING" in line and ("1213" in line or "Deadlock" in line)
             ]
             assert noisy == []
+            conflicts[name].append(
+                sum(out.count("conflict with another writer") for out in outputs)
+            )
     figures = {name: [round(JOBS / s, 1) for s in took] for name, took in seconds.items()}
     ratio = sum(seconds["one node"]) / sum(seconds["spread"])
-    report = {"jobs_per_second": figures, "spread_over_one_node": round(ratio, 3)}
+    report = {
+        "jobs_per_second": figures,
+        "spread_over_one_node": round(ratio, 3),
+        "conflicts_retried": conflicts,
+    }
     print(json.dumps(report))
     if os.environ.get("DBQUEUE_GALERA_FIGURES"):
         with open(os.environ["DBQUEUE_GALERA_FIGURES"], "a") as out:
