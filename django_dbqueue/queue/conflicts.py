@@ -51,11 +51,12 @@ def conflict_pause(attempt: int) -> float:
     return float(random.uniform(0.5, 1.0) * min(MAX_PAUSE, FIRST_PAUSE * 2 ** min(attempt - 1, 10)))
 
 
-def note_conflict(where: str, exc: BaseException) -> None:
+def note_conflict(where: str, exc: BaseException, who: str | None = None) -> None:
     """Count one conflict that will be retried (a deadlock, a lock wait timeout, a lost
-    Galera certification), log it at DEBUG and send ``signals.conflict_retried``."""
+    Galera certification) under ``where`` (a few fixed words: "claim", "record", ...),
+    log it at DEBUG (as ``who``'s) and send ``signals.conflict_retried``."""
     COUNTS[where] = COUNTS.get(where, 0) + 1
-    logger.debug("%s: conflict with another writer (%s); retrying", where, exc)
+    logger.debug("%s: conflict with another writer (%s); retrying", who or where, exc)
     signals.conflict_retried.send(None, where=where)
 
 

@@ -70,8 +70,11 @@ class DatabaseWaits:
     at :data:`MAX_BACKOFF`; the next lines of the same outage are DEBUG.
     """
 
-    def __init__(self, who: str, logger: logging.Logger, worker: str | None = None) -> None:
+    def __init__(
+        self, who: str, logger: logging.Logger, worker: str | None = None, where: str = "worker"
+    ) -> None:
         self.who = who
+        self.where = where  # what the conflicts are counted under: claim, record, ...
         self.logger = logger
         self.extra = {"event": "db_error", **({"worker": worker} if worker else {})}
         self.failures = 0
@@ -81,7 +84,7 @@ class DatabaseWaits:
     def failed(self, exc: BaseException) -> float:
         if is_lock_conflict(exc):
             self.conflicts += 1
-            note_conflict(self.who, exc)
+            note_conflict(self.where, exc, self.who)
             return conflict_pause(self.conflicts)
         self.failures += 1
         pause = backoff(self.failures) * random.uniform(0.75, 1.0)
@@ -113,6 +116,7 @@ def retry_transient(
     logger: logging.Logger,
     what: str,
     give_up_at: Callable[[], float | None] = lambda: None,
+    where: str = "worker",
 ) -> T:
     """Run ``write`` until the database takes it, pausing as :class:`DatabaseWaits` says.
 
@@ -120,7 +124,7 @@ def retry_transient(
     did reach the database before the connection broke changes nothing. Raises the last
     error once ``give_up_at()`` (a ``time.monotonic()`` value) has passed.
     """
-    waits = DatabaseWaits(what, logger)
+    waits = DatabaseWaits(what, logger, where=where)
     while True:
         try:
             result = write()

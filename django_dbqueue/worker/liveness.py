@@ -160,7 +160,9 @@ class HeartbeatThread(threading.Thread):
         super().__init__(daemon=True, name=f"heartbeat-{member.name}")
         self.member = member
         # The next beat is due after the interval anyway: the pause is not used.
-        self.waits = DatabaseWaits(f"Worker {member.name} heartbeat", logger, member.name)
+        self.waits = DatabaseWaits(
+            f"Worker {member.name} heartbeat", logger, member.name, where="heartbeat"
+        )
         self.stop = threading.Event()
         self.keeper = Keeper()
 

@@ -91,7 +91,9 @@ class Worker:
         self._pauses = PauseWatcher(self.queues)
         self._claim_ahead = float(settings.CLAIM_AHEAD)  # read once: consulted every claim
         self._claimed = 0  # jobs claimed in all (for max_jobs)
-        self._claim_waits = DatabaseWaits(f"Worker {self.name} claiming", logger, self.name)
+        self._claim_waits = DatabaseWaits(
+            f"Worker {self.name} claiming", logger, self.name, where="claim"
+        )
         self._heartbeat: HeartbeatThread | None = None
 
     # -- lifecycle ---------------------------------------------------------------------

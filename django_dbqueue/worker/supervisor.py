@@ -80,7 +80,7 @@ class Supervisor:
         self._next_beat = 0.0
         self._grace = float(settings.KILL_GRACE)
         self._give_up_at: float | None = None  # stopping with the database away
-        self._db_waits = DatabaseWaits("Supervisor", logger, self.name)
+        self._db_waits = DatabaseWaits("Supervisor", logger, self.name, where="supervisor")
         self._db_retry_at = 0.0  # monotonic time of the next try while the database is away
 
     # -- children ----------------------------------------------------------------------

@@ -24,17 +24,20 @@ def test_a_certification_conflict_is_counted_at_debug_and_retried_soon(
         seen.append(where)
 
     signals.conflict_retried.connect(receiver)
-    before = conflicts.COUNTS.get("Worker w claiming", 0)
-    waits = DatabaseWaits("Worker w claiming", logging.getLogger("django_dbqueue.worker"))
+    before = conflicts.COUNTS.get("claim", 0)
+    waits = DatabaseWaits(
+        "Worker w claiming", logging.getLogger("django_dbqueue.worker"), where="claim"
+    )
     try:
         with caplog.at_level(logging.DEBUG, logger="django_dbqueue"):
             pauses = [waits.failed(DEADLOCK) for _ in range(20)]
     finally:
         signals.conflict_retried.disconnect(receiver)
     assert all(0 < p <= conflicts.MAX_PAUSE for p in pauses)
-    assert conflicts.COUNTS["Worker w claiming"] == before + 20
-    assert seen == ["Worker w claiming"] * 20
+    assert conflicts.COUNTS["claim"] == before + 20
+    assert seen == ["claim"] * 20
     assert [r.levelname for r in caplog.records] == ["DEBUG"] * 20
+    assert all("Worker w claiming" in r.getMessage() for r in caplog.records)
 
 
 def test_an_outage_is_said_once_with_the_address_and_backs_off_capped(
