@@ -17,7 +17,7 @@ pytestmark = pytest.mark.galera
 
 def test_holders_through_two_nodes_never_overlap(cluster: GaleraCluster) -> None:
     cluster.query("INSERT INTO dbqueue_counter (name, value) VALUES ('shared', 0)")
-    workers, iterations = 4, 100
+    workers, iterations = 4, 250  # 1,000 acquisitions
     # No LOCK_BACKEND: the default on a Galera node must be the cluster-wide one.
     reports = run_lock_workers(
         [cluster.env(0), cluster.env(1)],
