@@ -124,7 +124,7 @@ def retry_transient(
     did reach the database before the connection broke changes nothing. Raises the last
     error once ``give_up_at()`` (a ``time.monotonic()`` value) has passed.
     """
-    waits = DatabaseWaits(what, logger, where=where)
+    waits = None  # made at the first error: the usual write pays nothing for it
     while True:
         try:
             result = write()
@@ -132,9 +132,11 @@ def retry_transient(
             deadline = give_up_at()
             if deadline is not None and time.monotonic() > deadline:
                 raise
+            waits = waits or DatabaseWaits(what, logger, where=where)
             pause = waits.failed(exc)
             refresh_connections()
             time.sleep(pause)
         else:
-            waits.succeeded()
+            if waits is not None:
+                waits.succeeded()
             return result
