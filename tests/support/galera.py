@@ -279,6 +279,17 @@ class GaleraCluster:
                 cursor.execute(f"DELETE FROM {table}")  # noqa: S608
 
 
+def conflict_warnings(outputs: list[str]) -> list[str]:
+    """The lines of workers' outputs that report a conflict (1213) as a warning: a
+    certification conflict must be retried quietly (DEBUG), never one of these."""
+    return [
+        line
+        for out in outputs
+        for line in out.splitlines()
+        if "WARNING" in line and ("1213" in line or "Deadlock" in line)
+    ]
+
+
 @contextmanager
 def running_cluster() -> Iterator[GaleraCluster]:
     cluster = GaleraCluster()
