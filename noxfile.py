@@ -9,6 +9,7 @@ One session per cell and kind of run, each in a uv virtualenv of its own:
     DBQUEUE_TEST_DATABASES=sqlite nox -s "full(3.11-django5.2)" -- -k claim
     nox -s "fresh(3.12-django6.1)"            # only the new projects from the built wheel
     DBQUEUE_TEST_DATABASES=mysql nox -s "stack(3.11-django5.2)"   # no worker processes
+    nox -s galera                             # the Galera suite (a 3-node cluster of its own)
 
 `make test` (scripts/test.sh) runs a diagonal of that matrix in three streams side by
 side: `full` (every test) on SQLite at both corners (oldest and newest; the SQLite run
@@ -16,7 +17,8 @@ includes the fresh-project tests), on PostgreSQL at the oldest and on MariaDB at
 newest; `stack` (every test that starts no worker process) on PostgreSQL at the newest
 and MariaDB at the oldest; `smoke` on every other cell (with tests/tasks on Django 6.0,
 which no corner covers); then the tests that restart a server
-(DBQUEUE_TEST_RESTARTS=only). `nox` alone runs `full` on every database at both corners.
+(DBQUEUE_TEST_RESTARTS=only) and the Galera suite (`galera`).
+`nox` alone runs `full` on every database at both corners.
 Arguments after `--` go to pytest. Coverage data goes to .coverage-data/ (one file per
 process; scripts/test.sh combines them).
 """
@@ -215,3 +217,14 @@ def fresh(session: nox.Session, django: str) -> None:
     """Brand-new projects with the app installed from the built wheel (SQLite)."""
     install(session, django)
     pytest(session, "sqlite", "-m", "fresh")
+
+
+@nox.session(python="3.11")
+def galera(session: nox.Session) -> None:
+    """The Galera suite: a 3-node MariaDB Galera Cluster started on loopback by the tests
+    themselves (tests/support/galera.py: ports 3321-3323, 4601-4623, data under
+    DBQUEUE_GALERA_DIR), the tests marked galera against it, the cluster stopped at the
+    end. Needs Debian's mariadb-server and galera-4 packages and root (the nodes run as
+    the mysql user). One run at a time per machine: the ports are fixed."""
+    install(session, "5.2")
+    pytest(session, "mysql", "-m", "galera", "tests/galera", DBQUEUE_TEST_GALERA="1")

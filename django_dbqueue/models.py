@@ -185,6 +185,21 @@ class Counter(models.Model):
         return f"{self.name}={self.value}"
 
 
+class LockLease(models.Model):
+    """A named lock's holder and lease, for the galera lock backend (locks/galera.py):
+    conflicting writes of this row on two nodes are refused by certification."""
+
+    name = models.CharField(max_length=64, primary_key=True)
+    owner = models.CharField(max_length=32)
+    expires_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "dbqueue_lock"
+
+    def __str__(self) -> str:
+        return f"{self.name} held by {self.owner} until {self.expires_at}"
+
+
 class QueueState(models.Model):
     """An operator's switch per queue: a paused queue keeps its jobs but nobody claims them."""
 

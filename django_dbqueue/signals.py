@@ -17,3 +17,6 @@ job_failed = Signal()
 queues_paused = Signal()
 # sender=QueueState, queues=list[str]; sent on commit when paused queues are resumed.
 queues_resumed = Signal()
+# sender=None, where=str; a write that met a conflict (deadlock, lock wait timeout, a
+# lost Galera certification) and will be retried (queue/conflicts.note_conflict).
+conflict_retried = Signal()

@@ -32,6 +32,19 @@ if ! pkg-config --exists libmariadb 2>/dev/null && ! pkg-config --exists mysqlcl
     fi
 fi
 
+# The Galera suite runs Debian's MariaDB server with the Galera provider, and rsync for
+# the state transfers between its nodes.
+if [[ ! -e /usr/lib/galera/libgalera_smm.so ]] || ! command -v rsync >/dev/null; then
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+        say "Installing galera-4 and rsync (the Galera suite starts a cluster of its own)"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq galera-4 rsync >/dev/null
+    fi
+    if [[ ! -e /usr/lib/galera/libgalera_smm.so ]] || ! command -v rsync >/dev/null; then
+        loud "galera-4 or rsync is missing and could not be installed: the Galera suite will fail"
+        if [[ "${CI:-}" == "true" ]]; then exit 1; fi
+    fi
+fi
+
 # The admin's browser tests drive Debian's Chromium through Playwright.
 if ! command -v chromium >/dev/null; then
     if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
@@ -138,7 +151,8 @@ stack_sessions=("${new_corner/full/stack}" "${old_corner/full/stack}")
 STREAMS=(one two three)
 STREAM_one=("sqlite postgres:$old_corner" "postgres:${stack_sessions[0]}")
 STREAM_two=("mysql:$new_corner" "mysql:${stack_sessions[1]}")
-STREAM_three=("sqlite:$new_corner" "sqlite:${smoke_cells[*]}")
+# The Galera suite starts a 3-node cluster of its own (ports 3321-3323 and 4601-4623).
+STREAM_three=("sqlite:$new_corner" "sqlite:${smoke_cells[*]}" "mysql:galera")
 
 posargs=("$@")
 run_stream() {  # name, steps ("databases:sessions"); a database that is not reachable is left out
@@ -158,8 +172,8 @@ run_stream() {  # name, steps ("databases:sessions"); a database that is not rea
 }
 
 if [[ -n "${reachable// /}" ]]; then
-    say "Test virtualenvs (nox --install-only): ${everything[*]} ${stack_sessions[*]}"
-    "$VENV/bin/nox" --install-only -s "${everything[@]}" "${stack_sessions[@]}" >test-results/nox-install.log 2>&1 \
+    say "Test virtualenvs (nox --install-only): ${everything[*]} ${stack_sessions[*]} galera"
+    "$VENV/bin/nox" --install-only -s "${everything[@]}" "${stack_sessions[@]}" galera >test-results/nox-install.log 2>&1 \
         || { tail -30 test-results/nox-install.log; loud "could not build the test virtualenvs"; exit 1; }
 
     say "The test matrix (nox), ${#STREAMS[@]} streams: test-results/stream-*.log"

@@ -182,6 +182,10 @@ if os.environ.get("DBQUEUE_TEST_LOG_FILE"):
         "propagate": False,
     }
 
+# Tests that count what a worker logs at DEBUG name those loggers (comma-separated).
+for _logger in filter(None, os.environ.get("DBQUEUE_TEST_DEBUG_LOGGERS", "").split(",")):
+    LOGGING["loggers"][_logger] = {"level": "DEBUG"}
+
 # Tests pass settings to the worker processes they start through the environment.
 DBQUEUE.update(json.loads(os.environ.get("DBQUEUE_SETTINGS_JSON", "{}")))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

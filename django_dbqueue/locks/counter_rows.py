@@ -11,10 +11,12 @@ of ``counters.py`` all stand on this module.
 from __future__ import annotations
 
 import re
+from typing import Protocol
 
 from django.db import connections
 
 from django_dbqueue.locks.names import readable, tagged_digest
+from django_dbqueue.queue.conflicts import retry_quietly
 
 # Row names kept as they are: the same string under every collation, no "~" (which every
 # hashed row has), and short enough for the 255-character column.
@@ -57,6 +59,18 @@ def counter_row(name: str, *, fencing: bool = False) -> str:
     return f"{readable(plain, 255 - 1 - len(digest))}~{digest}"
 
 
+class Session(Protocol):
+    def query(self, sql: str, params: list[object]) -> object: ...
+
+
+def mysql_fence_next(session: Session, row: str) -> int:
+    """Advance fencing row ``row`` through a lock's own MySQL session and return the new
+    value. A Galera node refuses the write at commit (1213) when another node advanced the
+    row first: tried again, never raised (:func:`retry_quietly`)."""
+    retry_quietly("fencing token", lambda: session.query(FENCE_UPSERT["mysql"], [row]))
+    return int(str(session.query(MYSQL_READ_BACK, [])))
+
+
 def durable_increment(alias: str, row: str) -> int:
     """Add one to ``dbqueue_counter`` row ``row`` of database ``alias`` and return the new
     value, on a connection of its own in autocommit: the value is committed when this
@@ -65,7 +79,7 @@ def durable_increment(alias: str, row: str) -> int:
     try:
         vendor = connection.vendor
         with connection.cursor() as cursor:
-            cursor.execute(FENCE_UPSERT[vendor], [row])
+            retry_quietly("fencing epoch", lambda: cursor.execute(FENCE_UPSERT[vendor], [row]))
             if vendor == "mysql":
                 cursor.execute(MYSQL_READ_BACK)
             found = cursor.fetchone()

@@ -8,11 +8,12 @@ back in the same transaction, never a read-then-write. Which row a counter uses:
 
 from __future__ import annotations
 
-from django.db import router, transaction
+from django.db import connections, router, transaction
 from django.db.models import Case, F, Q, Value, When
 
 from django_dbqueue.locks.counter_rows import counter_row
 from django_dbqueue.locks.named import default_backend_name
+from django_dbqueue.queue.conflicts import retry_quietly
 
 BIGINT_MIN = -(2**63)
 BIGINT_MAX = 2**63 - 1
@@ -58,11 +59,21 @@ def database_counter_next(row: str, min_value: int, max_value: int, using: str |
         When(Q(value__gte=max_value) | Q(value__lt=min_value), then=Value(min_value)),
         default=F("value") + 1,
     )
-    for _ in range(2):
+
+    def advanced() -> int | None:
         with transaction.atomic(using=alias):
             if rows.update(value=advance):
                 # Our UPDATE holds the row lock until commit: this reads our own value.
                 return int(rows.values_list("value", flat=True).get())
+        return None
+
+    outermost = not connections[alias].in_atomic_block
+    for _ in range(2):
+        # A Galera node refuses the commit (1213) when another node advanced the row
+        # first: tried again when the transaction is ours alone, never a caller's.
+        value = retry_quietly("counter", advanced) if outermost else advanced()
+        if value is not None:
+            return value
         # First use: create the row outside that transaction (no gap-lock deadlock between
         # two first users on InnoDB), one below min_value so the UPDATE yields min_value.
         Counter.objects.using(alias).get_or_create(name=row, defaults={"value": min_value - 1})

@@ -40,8 +40,8 @@ class DatabaseLock(BaseLock):
         #: The server-side key of the slot this acquisition holds.
         self.key: Any = None
 
-    def query(self, sql: str, params: list[Any]) -> Any:
-        """First column of the first row, on the dedicated connection."""
+    def session(self) -> BaseDatabaseWrapper:
+        """The dedicated connection, opened on first use."""
         if self.connection is None:
             self.connection = connections.create_connection(self.alias)
             try:
@@ -50,10 +50,20 @@ class DatabaseLock(BaseLock):
                 # Only a failure to connect: errors of a session that was open are the
                 # lock's to interpret (a killed session has lost its lock).
                 raise self.unavailable(exc) from exc
-        with self.connection.cursor() as cursor:
+        return self.connection
+
+    def query(self, sql: str, params: list[Any]) -> Any:
+        """First column of the first row, on the dedicated connection."""
+        with self.session().cursor() as cursor:
             cursor.execute(sql, params)
             row = cursor.fetchone()
         return row[0] if row else None
+
+    def execute(self, sql: str, params: list[Any]) -> int:
+        """The rows a statement matched, on the dedicated connection."""
+        with self.session().cursor() as cursor:
+            cursor.execute(sql, params)
+            return int(cursor.rowcount)
 
     def address(self) -> str:
         params = connections[self.alias].settings_dict

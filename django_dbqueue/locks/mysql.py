@@ -10,9 +10,15 @@ N tries its N slot keys in turn with ``GET_LOCK(key, 0)``.
 
 from __future__ import annotations
 
-from django_dbqueue.locks.counter_rows import FENCE_UPSERT, MYSQL_READ_BACK
+from typing import Any
+
+from django.db import connections
+
+from django_dbqueue.exceptions import LockConfigurationError
+from django_dbqueue.locks.counter_rows import mysql_fence_next
 from django_dbqueue.locks.database import DatabaseLock
 from django_dbqueue.locks.names import lock_digest, readable
+from django_dbqueue.queue.dialects.galera import wsrep_on
 
 MAX_NAME = 64
 READABLE_CHARS = MAX_NAME - 41  # then "~" and 40 hex digits (160 bits)
@@ -26,11 +32,19 @@ def get_lock_name(full_name: str, slot: int | None) -> str:
 class MySQLLock(DatabaseLock):
     backend_name = "mysql"
     vendor = "mysql"
-    fencing_sql = FENCE_UPSERT["mysql"]
+
+    def __init__(self, name: str, **options: Any) -> None:
+        super().__init__(name, **options)
+        if wsrep_on(connections[self.alias]):
+            raise LockConfigurationError(
+                f"The mysql lock backend cannot exclude across the nodes of a Galera "
+                f"cluster (database {self.alias!r}): GET_LOCK is local to one node, so two "
+                "holders on two nodes would both get the lock. Use backend='galera' (the "
+                "default there: lease rows that certification keeps exclusive) or 'redis'."
+            )
 
     def query_token(self, counter: str) -> int:
-        self.query(self.fencing_sql, [counter])
-        return int(self.query(MYSQL_READ_BACK, []))
+        return mysql_fence_next(self, counter)
 
     def lock_key(self, slot: int | None) -> str:
         return get_lock_name(self.full_name, slot)

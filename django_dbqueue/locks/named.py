@@ -30,6 +30,7 @@ from django_dbqueue.exceptions import (
     RetryJob,
 )
 from django_dbqueue.locks.base import MAX_POLL, MIN_POLL, BaseLock
+from django_dbqueue.queue.dialects.galera import wsrep_on
 
 logger = logging.getLogger("django_dbqueue.locks")
 
@@ -39,6 +40,7 @@ T = TypeVar("T")
 BACKENDS = {
     "redis": "django_dbqueue.locks.redis.RedisLock",
     "mysql": "django_dbqueue.locks.mysql.MySQLLock",
+    "galera": "django_dbqueue.locks.galera.GaleraLock",
     "postgres": "django_dbqueue.locks.postgres.PostgresLock",
 }
 RELEASE_MODES = ("warn", "raise", "ignore")
@@ -60,12 +62,15 @@ def in_sync_thread(func: Callable[..., T]) -> Callable[..., Coroutine[Any, Any, 
 
 def default_backend_name() -> str:
     """``DBQUEUE['LOCK_BACKEND']``, or when unset the lock database's own lock kind
-    (GET_LOCK on MySQL/MariaDB, advisory locks on PostgreSQL), else Redis."""
+    (GET_LOCK on MySQL/MariaDB, lease rows on a Galera cluster, advisory locks on
+    PostgreSQL), else Redis."""
     configured = settings.LOCK_BACKEND
     if configured:
         return str(configured)
-    vendor = connections[settings.LOCK_DATABASE_ALIAS].vendor
-    return {"mysql": "mysql", "postgresql": "postgres"}.get(vendor, "redis")
+    conn = connections[settings.LOCK_DATABASE_ALIAS]
+    if conn.vendor == "mysql":
+        return "galera" if wsrep_on(conn) else "mysql"
+    return {"postgresql": "postgres"}.get(conn.vendor, "redis")
 
 
 def get_backend(name: str | None = None) -> type[BaseLock]:

@@ -9,9 +9,10 @@ scrape; their counters stay, so totals never go back. The directory is removed w
 run ends.
 
 Counted through the signals (outcomes as recorded: done, failed, retried, died), the
-claim signal, and :mod:`.hooks` around each job's call (running jobs, run time, wait
-time, and the outcomes no signal reports: a ``RetryJob`` deferral, a cancel); tallied in
-each process and written to its files once a second (:class:`_Tally`).
+claim signal, the conflicts retried (``conflict_retried``, by where: claim, record, ...)
+and :mod:`.hooks` around each job's call (running jobs, run time, wait time, and the
+outcomes no signal reports: a ``RetryJob`` deferral, a cancel); tallied in each process
+and written to its files once a second (:class:`_Tally`).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class WorkerMetrics:
     running: Gauge
     claims: Counter
     empty_claims: Counter
+    conflicts: Counter
 
     @classmethod
     def create(cls) -> WorkerMetrics:
@@ -92,7 +94,18 @@ class WorkerMetrics:
             empty_claims=Counter(
                 "dbqueue_empty_claims_total", "Claims that found no job to take.", registry=None
             ),
+            conflicts=Counter(
+                "dbqueue_conflicts_retried_total",
+                "Writes retried after a deadlock, lock wait timeout or lost Galera certification.",
+                ["where"],
+                registry=None,
+            ),
         )
+
+    def __post_init__(self) -> None:
+        # Exposed at 0 from the start, like the other counters, not when first met.
+        for where in ("claim", "record", "heartbeat", "supervisor"):
+            self.conflicts.labels(where)
 
     def all(self) -> tuple[Any, ...]:
         return (
@@ -102,6 +115,7 @@ class WorkerMetrics:
             self.running,
             self.claims,
             self.empty_claims,
+            self.conflicts,
         )
 
 
@@ -125,6 +139,7 @@ class _Tally:
         self.run: dict[tuple[str, str], list[float]] = {}  # [sum, count per bucket...]
         self.wait: dict[tuple[str, str], list[float]] = {}
         self.claims = self.empty_claims = 0
+        self.conflicts: dict[str, int] = {}
 
     def outcome(self, queue: str, task: str, outcome: str) -> None:
         key = (queue, task, outcome)
@@ -136,6 +151,11 @@ class _Tally:
         with self.lock:
             self.claims += 1
             self.empty_claims += 0 if took else 1
+        self._maybe_flush()
+
+    def conflict(self, where: str) -> None:
+        with self.lock:
+            self.conflicts[where] = self.conflicts.get(where, 0) + 1
         self._maybe_flush()
 
     def started(self, queue: str, task: str, waited: float) -> None:
@@ -161,6 +181,7 @@ class _Tally:
         with self.lock:
             finished, run, wait = self.finished, self.run, self.wait
             claims, empty, running = self.claims, self.empty_claims, dict(self.running)
+            conflicts = self.conflicts
             self._clear()
         metrics = self.metrics
         for labels, count in finished.items():
@@ -173,6 +194,8 @@ class _Tally:
             metrics.claims.inc(claims)
         if empty:
             metrics.empty_claims.inc(empty)
+        for where, count in conflicts.items():
+            metrics.conflicts.labels(where).inc(count)
 
     def forked(self) -> None:
         """In a new child: count locally, and flush when it exits (not when it is
@@ -266,6 +289,9 @@ class _Receivers:
     def claimed(self, sender: Any, jobs: list[Job], **kwargs: Any) -> None:
         self.tally.claimed(bool(jobs))
 
+    def conflict(self, sender: Any, where: str, **kwargs: Any) -> None:
+        self.tally.conflict(where)
+
     def timed(self, job: Job) -> _Timed:
         return _Timed(self.tally, job)
 
@@ -273,6 +299,7 @@ class _Receivers:
         signals.job_finished.connect(self.finished, dispatch_uid=f"{UID}.finished")
         signals.job_failed.connect(self.failed, dispatch_uid=f"{UID}.failed")
         signals.jobs_claimed.connect(self.claimed, dispatch_uid=f"{UID}.claimed")
+        signals.conflict_retried.connect(self.conflict, dispatch_uid=f"{UID}.conflict")
         hooks.add(self.timed)
 
     def disconnect(self) -> None:
@@ -280,6 +307,7 @@ class _Receivers:
         signals.job_finished.disconnect(dispatch_uid=f"{UID}.finished")
         signals.job_failed.disconnect(dispatch_uid=f"{UID}.failed")
         signals.jobs_claimed.disconnect(dispatch_uid=f"{UID}.claimed")
+        signals.conflict_retried.disconnect(dispatch_uid=f"{UID}.conflict")
         hooks.remove(self.timed)
 
 

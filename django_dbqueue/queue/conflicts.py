@@ -10,6 +10,12 @@ passes when tried again. So each statement (or short transaction) of an action r
 Never inside a caller's transaction: the database rolled the caller's work back with the
 deadlock, and only the caller can redo it. There the raw ``OperationalError`` is raised,
 as ``transaction.atomic()`` users expect.
+
+On a Galera cluster a transaction that lost certification to another node's write fails
+with the same 1213. The worker and the locks meet those as a matter of course: they
+report each one with :func:`note_conflict` (a DEBUG line, :data:`COUNTS`, and the
+``conflict_retried`` signal the metrics count), not as a warning, and
+:func:`retry_quietly` retries a statement of their own with the same jittered pause.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import TypeVar
 
 from django.db import DatabaseError, connections
 
+from django_dbqueue import signals
 from django_dbqueue.exceptions import ActionConflict
 from django_dbqueue.queue.dialects import is_lock_conflict
 
@@ -31,6 +38,41 @@ T = TypeVar("T")
 
 ATTEMPTS = 5
 FIRST_PAUSE = 0.02  # seconds, doubled after each conflict, jittered
+MAX_PAUSE = 1.0  # seconds: the longest pause between two tries
+QUIET_ATTEMPTS = 12  # retry_quietly: about 4 s of tries in all before the error goes up
+
+#: Conflicts retried in this process, by where they happened (``note_conflict``).
+COUNTS: dict[str, int] = {}
+
+
+def conflict_pause(attempt: int) -> float:
+    """The pause after conflict number ``attempt`` (1, 2, ...): doubling, capped, jittered
+    (writers that collided once must not collide again in step)."""
+    return float(random.uniform(0.5, 1.0) * min(MAX_PAUSE, FIRST_PAUSE * 2 ** min(attempt - 1, 10)))
+
+
+def note_conflict(where: str, exc: BaseException, who: str | None = None) -> None:
+    """Count one conflict that will be retried (a deadlock, a lock wait timeout, a lost
+    Galera certification) under ``where`` (a few fixed words: "claim", "record", ...),
+    log it at DEBUG (as ``who``'s) and send ``signals.conflict_retried``."""
+    COUNTS[where] = COUNTS.get(where, 0) + 1
+    logger.debug("%s: conflict with another writer (%s); retrying", who or where, exc)
+    signals.conflict_retried.send(None, where=where)
+
+
+def retry_quietly(where: str, write: Callable[[], T], attempts: int = QUIET_ATTEMPTS) -> T:
+    """Run ``write`` (one autocommit statement or short transaction of the app's own, never
+    inside a caller's transaction) again after each conflict, up to ``attempts`` times;
+    the last conflict's error goes up."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return write()
+        except DatabaseError as exc:
+            if not is_lock_conflict(exc) or attempt == attempts:
+                raise
+            note_conflict(where, exc)
+            time.sleep(conflict_pause(attempt))
+    raise AssertionError("unreachable")  # the loop returns or raises
 
 
 def retry_conflicts(using: str, what: str, write: Callable[[], T]) -> T:
@@ -49,7 +91,7 @@ def retry_conflicts(using: str, what: str, write: Callable[[], T]) -> T:
                     f"{what}: still conflicting with other writers after {ATTEMPTS} "
                     f"attempts ({exc}); nothing of the last attempt was kept, run it again."
                 ) from exc
-            pause = random.uniform(0.5, 1.0) * FIRST_PAUSE * 2 ** (attempt - 1)
+            pause = conflict_pause(attempt)
             logger.warning("%s: %s; retrying in %.3f s", what, exc, pause)
             time.sleep(pause)
     raise AssertionError("unreachable")  # the loop returns or raises

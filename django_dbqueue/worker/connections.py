@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connections
+from django.db import DatabaseError, InterfaceError, OperationalError, connections, router
+
+from django_dbqueue.models import Job
+from django_dbqueue.queue.conflicts import conflict_pause, note_conflict
+from django_dbqueue.queue.dialects import is_lock_conflict
 
 T = TypeVar("T")
 
 # "The database is busy or briefly gone": MySQL 1213 (deadlock) and 1205 (lock wait
 # timeout), 2006/2013 (server gone away, lost connection), SQLite "database is locked",
 # a PostgreSQL restart. Django raises all of them as OperationalError or InterfaceError.
-# They are retried at the top of the worker loop, never inside a caller's transaction.
+# They are retried at the top of the worker loop, never inside a caller's transaction
+# (DatabaseWaits: conflicts quietly, an outage said once).
 TRANSIENT_ERRORS: tuple[type[Exception], ...] = (OperationalError, InterfaceError)
 
 
@@ -38,8 +44,71 @@ def refresh_connections() -> None:
             conn.connection = None
 
 
+MAX_BACKOFF = 5.0  # seconds between two tries while the database is away
+
+
 def backoff(failures: int) -> float:
-    return float(min(5.0, 0.1 * 2 ** min(failures, 6)))
+    return float(min(MAX_BACKOFF, 0.1 * 2 ** min(failures, 6)))
+
+
+def database_address() -> str:
+    """Where the queue's database is (host, port, name; never credentials)."""
+    params = connections[router.db_for_write(Job)].settings_dict
+    where = f"{params.get('HOST') or 'localhost'}:{params.get('PORT') or 'default port'}"
+    return f"{where}, database {params.get('NAME')!r}"
+
+
+class DatabaseWaits:
+    """How a long-running loop waits out the database's transient errors, one error at
+    a time (:meth:`failed` gives the pause), until :meth:`succeeded`.
+
+    A conflict (a deadlock, a lock wait timeout, a Galera node refusing a commit that lost
+    certification) is routine with several workers: counted and logged at DEBUG
+    (:func:`~django_dbqueue.queue.conflicts.note_conflict`), tried again after a short
+    jittered pause. Anything else (a server gone away, a node that died) is said once per
+    outage, with the address waited for, and tried again with a jittered backoff capped
+    at :data:`MAX_BACKOFF`; the next lines of the same outage are DEBUG.
+    """
+
+    def __init__(
+        self, who: str, logger: logging.Logger, worker: str | None = None, where: str = "worker"
+    ) -> None:
+        self.who = who
+        self.where = where  # what the conflicts are counted under: claim, record, ...
+        self.logger = logger
+        self.extra = {"event": "db_error", **({"worker": worker} if worker else {})}
+        self.failures = 0
+        self.conflicts = 0
+        self.away = False
+
+    def failed(self, exc: BaseException) -> float:
+        if is_lock_conflict(exc):
+            self.conflicts += 1
+            note_conflict(self.where, exc, self.who)
+            return conflict_pause(self.conflicts)
+        self.failures += 1
+        pause = backoff(self.failures) * random.uniform(0.75, 1.0)
+        if self.away:
+            self.logger.debug("%s: database error (%s); retrying in %.1f s", self.who, exc, pause)
+        else:
+            self.away = True
+            self.logger.warning(
+                "%s: database error (%s); retrying in %.1f s, then less often (at most "
+                "every %g s), waiting for %s",
+                self.who,
+                exc,
+                pause,
+                MAX_BACKOFF,
+                database_address(),
+                extra=self.extra,
+            )
+        return pause
+
+    def succeeded(self) -> None:
+        if self.away:
+            self.logger.warning("%s: the database answers again", self.who, extra=self.extra)
+        self.failures = self.conflicts = 0
+        self.away = False
 
 
 def retry_transient(
@@ -47,28 +116,27 @@ def retry_transient(
     logger: logging.Logger,
     what: str,
     give_up_at: Callable[[], float | None] = lambda: None,
+    where: str = "worker",
 ) -> T:
-    """Run ``write`` until the database takes it, pausing longer after each failure.
+    """Run ``write`` until the database takes it, pausing as :class:`DatabaseWaits` says.
 
     For guarded writes only (see :mod:`django_dbqueue.queue.finish`): repeating one that
     did reach the database before the connection broke changes nothing. Raises the last
     error once ``give_up_at()`` (a ``time.monotonic()`` value) has passed.
     """
-    failures = 0
+    waits = None  # made at the first error: the usual write pays nothing for it
     while True:
         try:
-            return write()
+            result = write()
         except TRANSIENT_ERRORS as exc:
-            failures += 1
             deadline = give_up_at()
             if deadline is not None and time.monotonic() > deadline:
                 raise
-            logger.warning(
-                "%s: database error (%s); retrying in %.1f s",
-                what,
-                exc,
-                backoff(failures),
-                extra={"event": "db_error"},
-            )
+            waits = waits or DatabaseWaits(what, logger, where=where)
+            pause = waits.failed(exc)
             refresh_connections()
-            time.sleep(backoff(failures))
+            time.sleep(pause)
+        else:
+            if waits is not None:
+                waits.succeeded()
+            return result

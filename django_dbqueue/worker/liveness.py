@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -25,7 +25,11 @@ from django_dbqueue.conf import settings
 from django_dbqueue.models import Job
 from django_dbqueue.queue import announce
 from django_dbqueue.worker import rows
-from django_dbqueue.worker.connections import TRANSIENT_ERRORS, refresh_connections
+from django_dbqueue.worker.connections import (
+    TRANSIENT_ERRORS,
+    DatabaseWaits,
+    refresh_connections,
+)
 from django_dbqueue.worker.slots import RUNNING, Slot
 
 logger = logging.getLogger("django_dbqueue.worker")
@@ -152,10 +156,13 @@ class Keeper:
 class HeartbeatThread(threading.Thread):
     """The keeper of a worker that runs unsupervised, beating in a thread of its own."""
 
-    def __init__(self, member: Member, on_error: Callable[[Exception], None]) -> None:
+    def __init__(self, member: Member) -> None:
         super().__init__(daemon=True, name=f"heartbeat-{member.name}")
         self.member = member
-        self.on_error = on_error
+        # The next beat is due after the interval anyway: the pause is not used.
+        self.waits = DatabaseWaits(
+            f"Worker {member.name} heartbeat", logger, member.name, where="heartbeat"
+        )
         self.stop = threading.Event()
         self.keeper = Keeper()
 
@@ -167,7 +174,9 @@ class HeartbeatThread(threading.Thread):
                     self.keeper.beat([self.member])
                     self.keeper.show_slow_jobs([self.member])
                 except TRANSIENT_ERRORS as exc:
-                    self.on_error(exc)
+                    self.waits.failed(exc)
                     refresh_connections()
+                else:
+                    self.waits.succeeded()
         finally:
             connections.close_all()

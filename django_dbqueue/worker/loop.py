@@ -30,7 +30,11 @@ from django_dbqueue.models import WorkerProcess as WorkerRow
 from django_dbqueue.queue.claim import Claimed
 from django_dbqueue.queue.pausing import PauseWatcher
 from django_dbqueue.worker import rows
-from django_dbqueue.worker.connections import TRANSIENT_ERRORS, backoff, refresh_connections
+from django_dbqueue.worker.connections import (
+    TRANSIENT_ERRORS,
+    DatabaseWaits,
+    refresh_connections,
+)
 from django_dbqueue.worker.executors import make_executor
 from django_dbqueue.worker.executors.base import held_capacity
 from django_dbqueue.worker.listening import Listening
@@ -91,6 +95,9 @@ class Worker:
         self._pauses = PauseWatcher(self.queues)
         self._claim_ahead = float(settings.CLAIM_AHEAD)  # read once: consulted every claim
         self._claimed = 0  # jobs claimed in all (for max_jobs)
+        self._claim_waits = DatabaseWaits(
+            f"Worker {self.name} claiming", logger, self.name, where="claim"
+        )
         self._heartbeat: HeartbeatThread | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -148,7 +155,7 @@ class Worker:
             role = WorkerRow.Role.WORKER
             self.recorder.retry(lambda: rows.register(self.name, os.getpid(), role, self.queues))
             self.recorder.retry(recover)
-            self._heartbeat = HeartbeatThread(self, self._heartbeat_failed)
+            self._heartbeat = HeartbeatThread(self)
             self._heartbeat.start()
         self.executor.start()
         logger.info(
@@ -202,19 +209,14 @@ class Worker:
         try:
             refresh_connections()
             self.listening.claim_began = time.monotonic()
-            return self._claim(), 0
+            claimed = self._claim()
         except TRANSIENT_ERRORS as exc:
-            failures += 1
-            logger.warning(
-                "Worker %s: database error while claiming (%s); retrying in %.1f s",
-                self.name,
-                exc,
-                backoff(failures),
-                extra=log_fields("db_error", self.name),
-            )
+            pause = self._claim_waits.failed(exc)
             refresh_connections()
-            self.stopping.wait(backoff(failures))
-            return None, failures
+            self.stopping.wait(pause)
+            return None, failures + 1
+        self._claim_waits.succeeded()
+        return claimed, 0
 
     def claim_size(self) -> int:
         """How many jobs to claim: about CLAIM_AHEAD seconds of them for the executor's
@@ -247,14 +249,6 @@ class Worker:
         return jobs
 
     # -- stopping ----------------------------------------------------------------------
-
-    def _heartbeat_failed(self, exc: Exception) -> None:
-        logger.warning(
-            "Worker %s: heartbeat failed (%s); will retry",
-            self.name,
-            exc,
-            extra=log_fields("db_error", self.name),
-        )
 
     def _shutdown(self) -> None:
         self.stopping.set()

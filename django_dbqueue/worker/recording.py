@@ -281,7 +281,11 @@ class Recorder:
     def retry(self, write: Callable[[], T]) -> T:
         """Run a recording write until the database takes it (see retry_transient)."""
         return retry_transient(
-            write, logger, f"Worker {self.name} while recording", lambda: self.give_up_at
+            write,
+            logger,
+            f"Worker {self.name} while recording",
+            lambda: self.give_up_at,
+            where="record",
         )
 
     def progress(self) -> None:

@@ -32,6 +32,7 @@ from django_dbqueue.worker import deaths, rows
 from django_dbqueue.worker.children import Child, child_main, still_on
 from django_dbqueue.worker.connections import (
     TRANSIENT_ERRORS,
+    DatabaseWaits,
     refresh_connections,
     retry_transient,
 )
@@ -81,6 +82,8 @@ class Supervisor:
         self._next_beat = 0.0
         self._grace = float(settings.KILL_GRACE)
         self._give_up_at: float | None = None  # stopping with the database away
+        self._db_waits = DatabaseWaits("Supervisor", logger, self.name, where="supervisor")
+        self._db_retry_at = 0.0  # monotonic time of the next try while the database is away
 
     # -- children ----------------------------------------------------------------------
 
@@ -346,16 +349,15 @@ class Supervisor:
         self._police()
         self._respawn_due()
         try:
-            self._settle_graves()
-            self._register_children()
-            self._beat()
-            self.duties.run()
+            if time.monotonic() >= self._db_retry_at:
+                self._settle_graves()
+                self._register_children()
+                self._beat()
+                self.duties.run()
+                self._db_waits.succeeded()
         except TRANSIENT_ERRORS as exc:
-            logger.warning(
-                "Supervisor: database error (%s); will retry",
-                exc,
-                extra={"event": "db_error", "worker": self.name},
-            )
+            # Not every turn while it lasts (a turn is TICK): after the pause it says.
+            self._db_retry_at = time.monotonic() + self._db_waits.failed(exc)
             refresh_connections()
             if not self._children and self._signals:
                 now = time.monotonic()

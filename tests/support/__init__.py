@@ -17,6 +17,8 @@ CURRENT_DB = os.environ.get("DBQUEUE_DB", "sqlite")
 CURRENT_VENDOR = VENDORS[CURRENT_DB]
 # DBQUEUE_QUEUE_DB=1: testproject routes the queue's tables to a second database, "queue".
 SECOND_DATABASE = os.environ.get("DBQUEUE_QUEUE_DB", "") == "1"
+# DBQUEUE_TEST_GALERA=1: only the tests marked galera run, against tests/support/galera.py.
+GALERA = os.environ.get("DBQUEUE_TEST_GALERA", "") == "1"
 
 
 class Processes:

@@ -10,21 +10,25 @@ from typing import Any
 from tests.support import ROOT, reap
 
 
-def run_lock_workers(env: dict[str, str], count: int, **params: Any) -> list[dict[str, Any]]:
-    """Run ``count`` workers with the same params, released at once; all their reports."""
+def run_lock_workers(
+    env: dict[str, str] | list[dict[str, str]], count: int, **params: Any
+) -> list[dict[str, Any]]:
+    """Run ``count`` workers with the same params, released at once; all their reports.
+    A list of environments is used in turn (the Galera tests: one node each)."""
     defaults = {"limit": 1, "lock": True, "increment": False, "hold": 0.0}
     args = json.dumps({**defaults, **params})
+    envs = env if isinstance(env, list) else [env]
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "tests.support.lock_worker", args],
             cwd=ROOT,
-            env=env,
+            env=envs[i % len(envs)],
             text=True,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
-        for _ in range(count)
+        for i in range(count)
     ]
     try:
         for proc in procs:

@@ -141,8 +141,9 @@ def test_bench_passes_threads_to_the_workers() -> None:
     )
     report = json.loads(out.getvalue())
     assert (report["workers"], report["threads"], report["job_ms"]) == (1, 6, 100)
-    # One process of one thread could do 10 jobs/s; six threads do more than twice that.
-    assert report["drain_per_s"] > 20
+    # Jobs of 100 ms run one at a time cannot pass 10 jobs/s: above that, jobs ran side by
+    # side (six threads reach about 60 on a quiet machine; a loaded one gets less).
+    assert report["drain_per_s"] > 10
     assert report["drain_of_ideal_pct"] == pytest.approx(report["drain_per_s"] * 100 / 60, abs=0.1)
 
 
