@@ -14,6 +14,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from django_dbqueue.admin import dashboard
+from django_dbqueue.admin.pages import time_column
 from django_dbqueue.models import WorkerProcess
 
 if TYPE_CHECKING:
@@ -31,9 +32,9 @@ class WorkerAdmin(_ModelAdmin):
         "pid",
         "supervisor",
         "running_job",
-        "running_since",
+        "running_since_time",
         "queues",
-        "heartbeat_at",
+        "heartbeat_at_time",
         "alive",
         "jobs_done",
         "jobs_failed",
@@ -48,15 +49,19 @@ class WorkerAdmin(_ModelAdmin):
         "pid",
         "supervisor",
         "running_job",
-        "running_since",
+        "running_since_time",
         "queues",
-        "started_at",
-        "heartbeat_at",
+        "started_at_time",
+        "heartbeat_at_time",
         "jobs_done",
         "jobs_failed",
         "stopping",
     )
     fields = readonly_fields
+
+    running_since_time = time_column("running_since")
+    started_at_time = time_column("started_at")
+    heartbeat_at_time = time_column("heartbeat_at")
 
     @admin.display(boolean=True, description="alive")
     def alive(self, worker: WorkerProcess) -> bool:
