@@ -78,10 +78,9 @@ class JobAdmin(JobOperations, _ModelAdmin):
         "task",
         "queue",
         "status_display",
-        "priority",
         "attempts_display",
-        "run_after_time",
-        "finished_at_time",
+        "run_after_short",
+        "finished_at_short",
         "error_summary",
     )
     list_display_links = ("id", "task")
@@ -115,7 +114,7 @@ class JobAdmin(JobOperations, _ModelAdmin):
         "resume_queues",
     )
     # What happened first (status, the error's last line, attempts; the buttons are
-    # above), then when, the call, the worker; the traceback in a section of its own.
+    # above), the traceback in a section of its own, then when, the call, the worker.
     fieldsets: ClassVar[Any] = (
         (
             None,
@@ -132,6 +131,7 @@ class JobAdmin(JobOperations, _ModelAdmin):
                 )
             },
         ),
+        ("Traceback", {"fields": ("last_error_display", "errors_display")}),
         (
             "Timing",
             {
@@ -147,10 +147,9 @@ class JobAdmin(JobOperations, _ModelAdmin):
         ),
         ("Call", {"fields": ("args_display", "kwargs_display", "result_display")}),
         ("Worker", {"fields": ("owner", "owner_date_time", "cancel_requested")}),
-        ("Traceback", {"fields": ("last_error_display", "errors_display")}),
     )
     # Then every option the job keeps in a column.
-    fieldsets += (("Options", {"fields": options_not_in(fieldsets)}),)
+    fieldsets += (("Options", {"fields": options_not_in(fieldsets), "classes": ["collapse"]}),)
     # Every field is read-only: jobs change state only through the operations.
     readonly_fields = flatten_fieldsets(fieldsets)
 
@@ -162,6 +161,8 @@ class JobAdmin(JobOperations, _ModelAdmin):
     last_attempted_at_time = time_column("last_attempted_at")
     finished_at_time = time_column("finished_at")
     owner_date_time = time_column("owner_date")
+    run_after_short = time_column("run_after", short=True)  # the list's
+    finished_at_short = time_column("finished_at", short=True)
 
     @admin.display(description="status", ordering="status")
     def status_display(self, job: Job) -> SafeString:

@@ -21,6 +21,8 @@ from django.http import HttpRequest
 from django.template.loader import get_template
 from django.urls import reverse
 from django.utils.dateformat import format as format_date
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 from django.utils.timezone import is_aware, localtime
 from django.utils.translation import gettext
 
@@ -71,12 +73,23 @@ def exact_time(value: datetime | None) -> str:
     return format_date(localtime(value) if is_aware(value) else value, "Y-m-d H:i:s")
 
 
-def time_column(field: str) -> Callable[[Any, Any], str]:
-    """A display method showing ``field``, a date and time, to the second; name it
-    ``field + TIME_SUFFIX`` on the ModelAdmin."""
+def short_time(value: datetime | None) -> SafeString | str:
+    """For lists: the time of day alone when it is today, the whole time on hover."""
+    if value is None:
+        return "-"
+    local = localtime(value) if is_aware(value) else value
+    today = local.date() == (localtime() if is_aware(value) else datetime.now()).date()
+    shown = format_date(local, "H:i:s") if today else exact_time(value)
+    return format_html('<span class="dbq-nowrap" title="{}">{}</span>', exact_time(value), shown)
+
+
+def time_column(field: str, short: bool = False) -> Callable[[Any, Any], SafeString | str]:
+    """A display method showing ``field``, a date and time, to the second (``short``: the
+    list's form, :func:`short_time`); name it ``field + TIME_SUFFIX`` on the ModelAdmin."""
+    show_time = short_time if short else exact_time
 
     @admin.display(description=field.replace("_", " "), ordering=field)
-    def show(model_admin: Any, obj: Any) -> str:
-        return exact_time(getattr(obj, field))
+    def show(model_admin: Any, obj: Any) -> SafeString | str:
+        return show_time(getattr(obj, field))
 
     return show
