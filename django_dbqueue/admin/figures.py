@@ -22,6 +22,7 @@ from datetime import datetime, timedelta
 from django.db import router
 from django.db.models import Count
 
+from django_dbqueue.admin.dashboard import humanize
 from django_dbqueue.models import Job
 
 # Finished jobs per status whose times make the percentiles: one bounded read.
@@ -39,15 +40,12 @@ def percentile(ordered: Sequence[float], fraction: float) -> float | None:
 
 
 def seconds_label(seconds: float | None) -> str:
+    """A run or wait time: to the hundredth below 10 s, as the dashboard's ages above."""
     if seconds is None:
         return "-"
     if seconds < 10:
         return f"{seconds:.2f} s"
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+    return humanize(timedelta(seconds=seconds))
 
 
 @dataclass
