@@ -23,6 +23,7 @@ from django.urls import reverse
 from django.utils.dateformat import format as format_date
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
+from django.utils.text import capfirst
 from django.utils.timezone import is_aware, localtime
 from django.utils.translation import gettext
 
@@ -50,12 +51,12 @@ def page_context(
     """The context of one of the app's pages: the admin's own, its title, and the trail
     Home > app > the model's list > ``trail`` (each a url name of this model's admin and
     its label) > ``title``."""
-    opts = model_admin.opts
-    prefix = f"admin:{opts.app_label}_{opts.model_name}"
+    opts, site = model_admin.opts, model_admin.admin_site.name
+    prefix = f"{site}:{opts.app_label}_{opts.model_name}"
     crumbs = [
-        (reverse("admin:index"), gettext("Home")),
-        (reverse("admin:app_list", args=[opts.app_label]), str(opts.app_config.verbose_name)),
-        (reverse(f"{prefix}_changelist"), str(opts.verbose_name_plural).capitalize()),
+        (reverse(f"{site}:index"), gettext("Home")),
+        (reverse(f"{site}:app_list", args=[opts.app_label]), str(opts.app_config.verbose_name)),
+        (reverse(f"{prefix}_changelist"), capfirst(str(opts.verbose_name_plural))),
     ] + [(reverse(f"{prefix}_{name}"), label) for name, label in trail]
     return {
         **model_admin.admin_site.each_context(request),
