@@ -21,6 +21,7 @@ from django.db import connections
 from django.utils import timezone
 from playwright.sync_api import Page, expect, sync_playwright
 
+from django_dbqueue.admin.jobs import JobAdmin
 from django_dbqueue.models import Job, WorkerProcess
 from django_dbqueue.registry import task_path
 from tests.support import ROOT, Processes, jobs
@@ -296,30 +297,27 @@ def test_the_apps_pages_fit_1280_px_with_the_admins_breadcrumbs(
 def test_dashboard_refreshes_itself_once_asked_and_remembers(
     page: Page, live_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from django_dbqueue.admin.jobs import JobAdmin
-
-    monkeypatch.setattr(JobAdmin, "dashboard_refresh_seconds", 1)
+    # 3 s: each check below is one round trip, done well before the next reload.
+    monkeypatch.setattr(JobAdmin, "dashboard_refresh_seconds", 3)
+    state = "() => [window.__marker, localStorage.getItem('django_dbqueue.dashboard.refresh')]"
     log_in(page, live_server.url)
-    dashboard = f"{live_server.url}/admin/django_dbqueue/job/dashboard/"
-    page.goto(dashboard)
+    page.goto(f"{live_server.url}/admin/django_dbqueue/job/dashboard/")
     toggle = page.locator("#dbq-refresh")
     expect(toggle).not_to_be_checked()  # off until asked: each refresh costs queries
-    page.evaluate("window.__loaded = 'first'")
-    page.wait_for_timeout(2_500)
-    assert page.evaluate("window.__loaded") == "first", "no refresh while off"
+    page.evaluate("window.__marker = 'first'")
+    page.wait_for_timeout(4_500)
+    assert page.evaluate(state) == ["first", None], "no refresh while off"
 
-    with page.expect_navigation(timeout=15_000):
-        toggle.check()  # the page reloads within a second or so
-    assert page.evaluate("window.__loaded") is None
-    assert page.evaluate("localStorage.getItem('django_dbqueue.dashboard.refresh')") == "on"
+    with page.expect_navigation(timeout=20_000):
+        toggle.check()  # the page reloads 3 s later
+    assert page.evaluate(state) == [None, "on"], "reloaded, and the choice kept"
     expect(toggle).to_be_checked()  # remembered across the reload
-    with page.expect_navigation(timeout=15_000):
+    with page.expect_navigation(timeout=20_000):
         pass  # and it keeps refreshing
     toggle.uncheck()
-    page.evaluate("window.__loaded = 'kept'")
-    page.wait_for_timeout(2_500)
-    assert page.evaluate("window.__loaded") == "kept"
-    assert page.evaluate("localStorage.getItem('django_dbqueue.dashboard.refresh')") == "off"
+    page.evaluate("window.__marker = 'kept'")
+    page.wait_for_timeout(4_500)
+    assert page.evaluate(state) == ["kept", "off"], "no refresh once turned off"
 
 
 def test_dashboard_renders_with_chart_workers_and_failures(page: Page, live_server: Any) -> None:
