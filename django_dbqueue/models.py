@@ -167,6 +167,7 @@ class WorkerProcess(models.Model):
 
     class Meta:
         db_table = "dbqueue_worker"
+        verbose_name_plural = "worker processes"
 
     def __str__(self) -> str:
         return self.name

@@ -22,7 +22,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
 
-from django_dbqueue.admin import dashboard
+from django_dbqueue.admin import dashboard, figures
 from django_dbqueue.admin.filters import (
     FailedSinceFilter,
     QueueFilter,
@@ -31,6 +31,7 @@ from django_dbqueue.admin.filters import (
 )
 from django_dbqueue.admin.lookups import refuse_crafted_lookups
 from django_dbqueue.admin.operations import JobOperations
+from django_dbqueue.admin.pages import TIME_SUFFIX, page_context, time_column
 from django_dbqueue.admin.paginator import CappedCountPaginator
 from django_dbqueue.admin.scheduling import dashboard_context
 from django_dbqueue.conf import settings
@@ -61,7 +62,7 @@ def pretty_json(value: Any) -> SafeString:
 
 def options_not_in(fieldsets: Any) -> tuple[str, ...]:
     """Every option a job keeps in a column (``options.COLUMNS``) not in ``fieldsets``."""
-    shown = set(flatten_fieldsets(fieldsets))
+    shown = {name.removesuffix(TIME_SUFFIX) for name in flatten_fieldsets(fieldsets)}
     return tuple(name for name in COLUMNS if name not in shown)
 
 
@@ -77,10 +78,9 @@ class JobAdmin(JobOperations, _ModelAdmin):
         "task",
         "queue",
         "status_display",
-        "priority",
         "attempts_display",
-        "run_after",
-        "finished_at",
+        "run_after_short",
+        "finished_at_short",
         "error_summary",
     )
     list_display_links = ("id", "task")
@@ -102,6 +102,8 @@ class JobAdmin(JobOperations, _ModelAdmin):
     paginator = CappedCountPaginator
     # Exact counts up to this many rows; beyond it "more than N" or the table estimate.
     count_limit = 10_000
+    # The dashboard's "Refresh every N s" toggle (off until a user turns it on).
+    dashboard_refresh_seconds = 10
     actions = (
         "requeue_jobs",
         "requeue_jobs_now",
@@ -111,32 +113,56 @@ class JobAdmin(JobOperations, _ModelAdmin):
         "pause_queues",
         "resume_queues",
     )
+    # What happened first (status, the error's last line, attempts; the buttons are
+    # above), the traceback in a section of its own, then when, the call, the worker.
     fieldsets: ClassVar[Any] = (
-        (None, {"fields": ("id", "task", "queue", "status_display", "priority", "backend")}),
-        ("Call", {"fields": ("args_display", "kwargs_display", "result_display")}),
         (
-            "Attempts and timing",
+            None,
             {
                 "fields": (
+                    "status_display",
+                    "error_summary",
                     "attempts_display",
-                    "created_at",
-                    "run_after",
-                    "started_at",
-                    "last_attempted_at",
-                    "finished_at",
+                    "task",
+                    "queue",
+                    "id",
+                    "priority",
+                    "backend",
+                )
+            },
+        ),
+        ("Traceback", {"fields": ("last_error_display", "errors_display")}),
+        (
+            "Timing",
+            {
+                "fields": (
+                    "created_at_time",
+                    "run_after_time",
+                    "started_at_time",
+                    "last_attempted_at_time",
+                    "finished_at_time",
                     "duration",
                 )
             },
         ),
-        ("Worker", {"fields": ("owner", "owner_date", "cancel_requested")}),
-        ("Errors", {"fields": ("last_error_display", "errors_display")}),
+        ("Call", {"fields": ("args_display", "kwargs_display", "result_display")}),
+        ("Worker", {"fields": ("owner", "owner_date_time", "cancel_requested")}),
     )
     # Then every option the job keeps in a column.
-    fieldsets += (("Options", {"fields": options_not_in(fieldsets)}),)
+    fieldsets += (("Options", {"fields": options_not_in(fieldsets), "classes": ["collapse"]}),)
     # Every field is read-only: jobs change state only through the operations.
     readonly_fields = flatten_fieldsets(fieldsets)
 
     # -- display -----------------------------------------------------------------------
+
+    created_at_time = time_column("created_at")
+    run_after_time = time_column("run_after")
+    started_at_time = time_column("started_at")
+    last_attempted_at_time = time_column("last_attempted_at")
+    finished_at_time = time_column("finished_at")
+    owner_date_time = time_column("owner_date")
+    run_after_short = time_column("run_after", short=True)  # the list's
+    finished_at_short = time_column("finished_at", short=True)
 
     @admin.display(description="status", ordering="status")
     def status_display(self, job: Job) -> SafeString:
@@ -196,6 +222,8 @@ class JobAdmin(JobOperations, _ModelAdmin):
         started = job.attempt_started_at  # of the last attempt
         if started and job.finished_at:
             return f"{(job.finished_at - started).total_seconds():.3f} s"
+        if started and job.status == Job.Status.CLAIMED:
+            return f"running for {(timezone.now() - started).total_seconds():.0f} s"
         return "-"
 
     # -- who sees arguments and results -------------------------------------------------
@@ -331,13 +359,16 @@ class JobAdmin(JobOperations, _ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied("Viewing jobs is required for the dashboard.")
         now = timezone.now()
+        tasks = figures.task_figures(now)
         context = {
-            **self.admin_site.each_context(request),
-            "title": "Job queue dashboard",
-            "opts": self.opts,
+            **page_context(self, request, "Job queue dashboard"),
             "now": now,
+            "refresh_seconds": self.dashboard_refresh_seconds,
             "statuses": dashboard.STATUSES,
             "queues": dashboard.queue_rows(now, self.count_limit),
+            "tasks": tasks,
+            "tasks_sampled": any(row.sampled for row in tasks),
+            "sample": figures.SAMPLE,
             "chart": dashboard.throughput_chart(now),
             "workers": dashboard.worker_rows(now),
             "failures": dashboard.recent_failures(),

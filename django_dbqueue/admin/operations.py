@@ -22,6 +22,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 
 from django_dbqueue.admin.chunked import apply_in_chunks
 from django_dbqueue.admin.filters import parse_job_id
+from django_dbqueue.admin.pages import page_context
 from django_dbqueue.admin.paginator import CappedCountPaginator
 from django_dbqueue.admin.scheduling import SchedulingAdmin
 from django_dbqueue.models import Job
@@ -148,9 +149,7 @@ class JobOperations(SchedulingAdmin, _Base):
         if request.POST.get("post") != "yes":
             paginator = CappedCountPaginator(queryset, 1, limit=self.count_limit)
             context = {
-                **self.admin_site.each_context(request),
-                "title": "Delete jobs?",
-                "opts": self.model._meta,
+                **page_context(self, request, "Delete jobs?"),
                 "count_label": paginator.count_label,
                 "selected": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
                 "select_across": request.POST.get("select_across", "0"),

@@ -18,6 +18,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
+from django_dbqueue.admin.pages import page_context
 from django_dbqueue.conf import settings
 from django_dbqueue.enqueueing import enqueue
 from django_dbqueue.exceptions import InvalidJob, ScheduleError
@@ -167,9 +168,7 @@ class SchedulingAdmin(_Base):
         except ScheduleError as exc:
             error = str(exc)
         context = {
-            **self.admin_site.each_context(request),
-            "title": "Recurring schedules",
-            "opts": self.opts,
+            **page_context(self, request, "Recurring schedules", ("dashboard", "Dashboard")),
             "rows": rows,
             "error": error,
             "can_change": self.has_change_permission(request),

@@ -14,6 +14,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from django_dbqueue.admin import dashboard
+from django_dbqueue.admin.pages import time_column
 from django_dbqueue.models import WorkerProcess
 
 if TYPE_CHECKING:
@@ -24,20 +25,17 @@ else:  # ModelAdmin is generic only in the type stubs
 
 @admin.register(WorkerProcess)
 class WorkerAdmin(_ModelAdmin):
+    # These fit a 1280 px window beside the admin's sidebar and the filters: host and pid
+    # are in the name; the supervisor and the start are on the row's own page.
     list_display = (
         "name",
         "role",
-        "host",
-        "pid",
-        "supervisor",
+        "queue_names",
         "running_job",
-        "running_since",
-        "queues",
-        "heartbeat_at",
+        "heartbeat_at_short",
         "alive",
-        "jobs_done",
-        "jobs_failed",
-        "stopping",
+        "done",
+        "failed",
     )
     list_filter = ("role", "host")
     ordering = ("host", "pid")
@@ -48,26 +46,48 @@ class WorkerAdmin(_ModelAdmin):
         "pid",
         "supervisor",
         "running_job",
-        "running_since",
+        "running_since_time",
         "queues",
-        "started_at",
-        "heartbeat_at",
+        "started_at_time",
+        "heartbeat_at_time",
         "jobs_done",
         "jobs_failed",
         "stopping",
     )
     fields = readonly_fields
 
+    running_since_time = time_column("running_since")
+    started_at_time = time_column("started_at")
+    heartbeat_at_time = time_column("heartbeat_at")
+    heartbeat_at_short = time_column("heartbeat_at", short=True)  # the list's
+
     @admin.display(boolean=True, description="alive")
     def alive(self, worker: WorkerProcess) -> bool:
         return dashboard.is_alive(worker, timezone.now())
 
+    @admin.display(description="done", ordering="jobs_done")
+    def done(self, worker: WorkerProcess) -> int:
+        return worker.jobs_done
+
+    @admin.display(description="failed", ordering="jobs_failed")
+    def failed(self, worker: WorkerProcess) -> int:
+        return worker.jobs_failed
+
+    @admin.display(description="queues")
+    def queue_names(self, worker: WorkerProcess) -> str:
+        return ", ".join(worker.queues or [])
+
     @admin.display(description="running job", ordering="running_job_id")
     def running_job(self, worker: WorkerProcess) -> str:
         if worker.running_job_id is None:
-            return "-"
+            return "stopping" if worker.stopping else "-"
         url = reverse("admin:django_dbqueue_job_change", args=[worker.running_job_id])
-        return format_html('<a href="{}">#{}</a>', url, worker.running_job_id)
+        link = format_html('<a href="{}">#{}</a>', url, worker.running_job_id)
+        if worker.running_since is None:
+            return link
+        running = dashboard.humanize(timezone.now() - worker.running_since)
+        stopping = ", stopping" if worker.stopping else ""
+        return format_html("{} for {}{}", link, running, stopping)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # workers register themselves
