@@ -5,7 +5,7 @@ from django.db import migrations
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("django_dbqueue", "0011_job_trace_context"),
+        ("django_dbqueue", "0012_lock_lease"),
     ]
 
     operations = [
