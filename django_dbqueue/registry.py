@@ -14,6 +14,7 @@ imported is accepted too (read from the module's ``__dict__``: no import, no
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
 import types
@@ -22,12 +23,14 @@ from dataclasses import dataclass, field, replace
 from importlib import import_module
 from typing import Any, TypeVar, Unpack, overload
 
+from django_dbqueue.arguments import check_fits
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import InvalidJob, ScheduleError, UnregisteredTask
 from django_dbqueue.options import JobDefaults, check_defaults
 from django_dbqueue.scheduling.config import declared_entry
 from django_dbqueue.task_names import (
     checked_path_syntax,
+    close_paths,
     found_under_own_name,
     is_bound_builtin,
     unimportable_name,
@@ -57,6 +60,9 @@ class RegisteredTask:
     defaults: dict[str, Any] = field(default_factory=dict)
     # Recurring schedules declared with @job(schedule=...): (name, settings-style entry).
     schedules: tuple[tuple[str, dict[str, Any]], ...] = ()
+    # What enqueue() binds a job's arguments to (made once: inspect.signature costs more
+    # than the bind); None for a Django Task, which the framework checks its own way.
+    signature: inspect.Signature | None = None
 
 
 _registry: dict[str, RegisteredTask] = {}
@@ -69,9 +75,12 @@ _discovering = False
 
 
 def unregistered_message(path: str) -> str:
+    """Why ``path`` cannot run, with the registered paths closest to it (a misspelling)."""
+    close = close_paths(path, list(_registry))
+    guess = f"did you mean {' or '.join(map(repr, close))}? If not, " if close else ""
     return (
-        f"task {path!r} is not a registered task; decorate it with @job or list its module "
-        "in DBQUEUE['TASK_MODULES']"
+        f"task {path!r} is not a registered task; {guess}decorate it with @job or list its "
+        "module in DBQUEUE['TASK_MODULES']"
     )
 
 
@@ -138,12 +147,14 @@ def _declared_schedules(
     declared: list[tuple[str, dict[str, Any]]] = []
     for given_entry in entries:
         name, entry = declared_entry(path, given_entry)
+        where = f"@job(schedule=...) on {path}"
         if any(name == other for other, _ in declared):
             raise ScheduleError(
-                name,
-                "declared twice on this task: give each schedule its own 'name'.",
-                where=f"@job(schedule=...) on {path}",
+                name, "declared twice on this task: give each schedule its own 'name'.", where=where
             )
+        problem = arguments_problem(path, entry.get("args"), entry.get("kwargs"))
+        if problem:
+            raise ScheduleError(name, problem, "args", where=where)
         declared.append((name, entry))
     return tuple(declared)
 
@@ -175,7 +186,9 @@ def register(function: Any, **defaults: Any) -> RegisteredTask:
     problem = unimportable_name(function.__module__, function.__qualname__)
     if problem:
         raise TypeError(f"@job cannot register {path}: {problem}")
-    entry = RegisteredTask(path, function, False, check_defaults(defaults))
+    entry = RegisteredTask(
+        path, function, False, check_defaults(defaults), signature=inspect.signature(function)
+    )
     _registry[path] = entry
     return entry
 
@@ -239,8 +252,11 @@ def _register_framework_task(path: str, task: Any) -> RegisteredTask:
     return entry
 
 
-def path_for_enqueue(task: Any, validate: bool = True) -> tuple[str, Mapping[str, Any]]:
-    """(task path, the task's registered defaults) for what enqueue() was given.
+def path_for_enqueue(
+    task: Any, validate: bool = True
+) -> tuple[str, Mapping[str, Any], inspect.Signature | None]:
+    """(task path, the task's registered defaults, the signature its arguments must fit)
+    for what enqueue() was given.
 
     ``task`` is a registered function, a Django Tasks ``Task`` or its function, or a
     dotted path. Anything else raises InvalidJob, with the reason for the usual
@@ -251,17 +267,19 @@ def path_for_enqueue(task: Any, validate: bool = True) -> tuple[str, Mapping[str
     if type(task) is types.FunctionType:  # the usual case: a registered function
         entry = _registry.get(f"{task.__module__}.{task.__qualname__}")
         if entry is not None:
-            return entry.path, entry.defaults
+            return entry.path, entry.defaults, entry.signature
     elif isinstance(task, str):
         entry = _registry.get(task)
         if entry is not None:
-            return entry.path, entry.defaults
+            return entry.path, entry.defaults, entry.signature
         path = checked_path_syntax(task)
         if not validate:
             entry = registered(path)
-            return path, entry.defaults if entry is not None else _NO_DEFAULTS
+            if entry is None:
+                return path, _NO_DEFAULTS, None
+            return path, entry.defaults, entry.signature
         entry = find(path)
-        return entry.path, entry.defaults
+        return entry.path, entry.defaults, entry.signature
     if isinstance(task, types.MethodType) or is_bound_builtin(task):
         raise InvalidJob(
             f"{task!r} is a bound method: a job stores its arguments as JSON, never the "
@@ -271,7 +289,7 @@ def path_for_enqueue(task: Any, validate: bool = True) -> tuple[str, Mapping[str
     if is_framework_task(task):
         path = task.module_path
         entry = _registry.get(path) or find(path)
-        return entry.path, entry.defaults
+        return entry.path, entry.defaults, entry.signature
     module = getattr(task, "__module__", None)
     qualname = getattr(task, "__qualname__", None)
     if not isinstance(module, str) or not isinstance(qualname, str) or not callable(task):
@@ -293,7 +311,20 @@ def path_for_enqueue(task: Any, validate: bool = True) -> tuple[str, Mapping[str
                 "module of your app and decorate it with @job."
             )
         entry = find(path)
-    return entry.path, entry.defaults
+    return entry.path, entry.defaults, entry.signature
+
+
+def arguments_problem(path: str, args: Any, kwargs: Any) -> str:
+    """Why the registered task at ``path`` cannot take these arguments ("" when it can,
+    or when ``path`` is not a registered function): for schedules, checked ahead."""
+    entry = registered(path)
+    if entry is None or entry.signature is None:
+        return ""
+    try:
+        check_fits(path, entry.signature, args or (), kwargs or {})
+    except InvalidJob as exc:
+        return str(exc)
+    return ""
 
 
 def task_path(task: Any) -> str:

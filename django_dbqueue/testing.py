@@ -23,7 +23,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from django.db import connections, transaction
 from django.db.models.functions import Now
@@ -46,7 +46,7 @@ __all__ = ["JobOutcome", "JobsTestMixin", "TooManyJobs", "run_due_jobs"]
 
 # What a job came to, from its row after the run.
 DONE, FAILED, RETRY, CANCELLED = "done", "failed", "retry", "cancelled"
-_OUTCOME_OF_STATUS = {
+_OUTCOME_OF_STATUS: dict[str, str] = {
     Job.Status.DONE: DONE,
     Job.Status.FAILED: FAILED,
     Job.Status.QUEUED: RETRY,  # a failed attempt with attempts left, or RetryJob
@@ -144,7 +144,9 @@ class _Runner:
             ).values_list("id", flat=True)
         )
 
-    def failed(self, sender: Any, job: Job, worker: str, exception: BaseException, **_: Any) -> None:
+    def failed(
+        self, sender: Any, job: Job, worker: str, exception: BaseException, **_: Any
+    ) -> None:
         if worker == self.name:
             self.errors[job.id] = exception
 
@@ -213,7 +215,8 @@ def _run_new_callbacks(marks: dict[str, int]) -> None:
     for conn in connections.all():
         start = marks.get(conn.alias, 0)
         while len(conn.run_on_commit) > start:
-            _sids, func, robust = conn.run_on_commit.pop(start)
+            # (savepoint ids, func, robust): the stubs know the older 2-tuples.
+            _sids, func, robust = cast(tuple[Any, Any, bool], conn.run_on_commit.pop(start))
             if not robust:
                 func()
                 continue
@@ -237,7 +240,7 @@ class JobsTestMixin:
     ) -> list[JobOutcome]:
         return run_due_jobs(queues=queues, tasks=tasks, follow=follow, max_jobs=max_jobs)
 
-    def assertJobsDone(self, outcomes: Sequence[JobOutcome]) -> None:  # noqa: N802 - unittest style
+    def assertJobsDone(self, outcomes: Sequence[JobOutcome]) -> None:
         failed = [o for o in outcomes if not o.ok]
         if failed:
             lines = [f"job {o.job_id} ({o.task}): {o.status}: {o.error!r}" for o in failed]

@@ -57,6 +57,7 @@ ROOT_MODULES = {
     "django_dbqueue.checks": "shell",
     "django_dbqueue.backends": "shell",
     "django_dbqueue.testing": "shell",
+    "django_dbqueue.pytest_plugin": "shell",
 }
 # Rooms that stand apart: they import only lower ranks, and no room of their rank
 # imports them (named locks serve the app, not the queue).

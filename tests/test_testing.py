@@ -14,8 +14,8 @@ from django_dbqueue.models import Job
 from django_dbqueue.pytest_plugin import run_due_jobs as run_due_jobs  # the fixture
 from django_dbqueue.queue.pausing import pause
 from django_dbqueue.testing import JobOutcome, JobsTestMixin, TooManyJobs
-from tests.support.jobs import add, fail, noop
 from testproject.models import Execution
+from tests.support.jobs import add, fail, noop
 
 pytestmark = pytest.mark.django_db
 
