@@ -6,7 +6,6 @@ the options it shares with other jobs are checked once (``enqueueing.check_share
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import Mapping, Sequence
 from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
@@ -146,23 +145,9 @@ def check_call(
             f"DBQUEUE['MAX_PAYLOAD_BYTES'] ({defaults.max_payload_bytes}). Store big data "
             "elsewhere (a model, a file) and pass its id."
         )
-    if shared.signature is not None:
-        check_fits(shared.path, shared.signature, job_args, job_kwargs)
+    if shared.parameters is not None:
+        shared.parameters.check(shared.path, job_args, job_kwargs)
     return Call(job_args, args_text, job_kwargs, kwargs_text, key, limit)
-
-
-def check_fits(path: str, signature: inspect.Signature, args: Any, kwargs: Any) -> None:
-    """Refuse arguments the task's function could not be called with (what the worker
-    would otherwise find out on every attempt): InvalidJobArguments naming the parameter."""
-    try:
-        signature.bind(*args, **kwargs)
-    except TypeError as exc:
-        given = f" ({len(args)} given)" if "positional" in str(exc) else ""
-        # The parameters without their annotations (strings under PEP 563): what to fix.
-        names = ", ".join(str(p.replace(annotation=p.empty)) for p in signature.parameters.values())
-        raise InvalidJobArguments(
-            f"the arguments do not fit {path}({names}): {exc}{given}."
-        ) from None
 
 
 def format_concurrency_key(template: str, args: Any, kwargs: Any) -> str:

@@ -14,7 +14,6 @@ imported is accepted too (read from the module's ``__dict__``: no import, no
 
 from __future__ import annotations
 
-import inspect
 import sys
 import threading
 import types
@@ -23,11 +22,11 @@ from dataclasses import dataclass, field, replace
 from importlib import import_module
 from typing import Any, TypeVar, Unpack, overload
 
-from django_dbqueue.arguments import check_fits
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import InvalidJob, ScheduleError, UnregisteredTask
 from django_dbqueue.options import JobDefaults, check_defaults
 from django_dbqueue.scheduling.config import declared_entry
+from django_dbqueue.signatures import Parameters
 from django_dbqueue.task_names import (
     checked_path_syntax,
     close_paths,
@@ -60,9 +59,9 @@ class RegisteredTask:
     defaults: dict[str, Any] = field(default_factory=dict)
     # Recurring schedules declared with @job(schedule=...): (name, settings-style entry).
     schedules: tuple[tuple[str, dict[str, Any]], ...] = ()
-    # What enqueue() binds a job's arguments to (made once: inspect.signature costs more
-    # than the bind); None for a Django Task, which the framework checks its own way.
-    signature: inspect.Signature | None = None
+    # What enqueue() checks a job's arguments against, read once; None for a Django
+    # Task, which the framework checks its own way.
+    parameters: Parameters | None = None
 
 
 _registry: dict[str, RegisteredTask] = {}
@@ -187,7 +186,7 @@ def register(function: Any, **defaults: Any) -> RegisteredTask:
     if problem:
         raise TypeError(f"@job cannot register {path}: {problem}")
     entry = RegisteredTask(
-        path, function, False, check_defaults(defaults), signature=inspect.signature(function)
+        path, function, False, check_defaults(defaults), parameters=Parameters(function)
     )
     _registry[path] = entry
     return entry
@@ -254,8 +253,8 @@ def _register_framework_task(path: str, task: Any) -> RegisteredTask:
 
 def path_for_enqueue(
     task: Any, validate: bool = True
-) -> tuple[str, Mapping[str, Any], inspect.Signature | None]:
-    """(task path, the task's registered defaults, the signature its arguments must fit)
+) -> tuple[str, Mapping[str, Any], Parameters | None]:
+    """(task path, the task's registered defaults, the parameters its arguments must fit)
     for what enqueue() was given.
 
     ``task`` is a registered function, a Django Tasks ``Task`` or its function, or a
@@ -267,19 +266,19 @@ def path_for_enqueue(
     if type(task) is types.FunctionType:  # the usual case: a registered function
         entry = _registry.get(f"{task.__module__}.{task.__qualname__}")
         if entry is not None:
-            return entry.path, entry.defaults, entry.signature
+            return entry.path, entry.defaults, entry.parameters
     elif isinstance(task, str):
         entry = _registry.get(task)
         if entry is not None:
-            return entry.path, entry.defaults, entry.signature
+            return entry.path, entry.defaults, entry.parameters
         path = checked_path_syntax(task)
         if not validate:
             entry = registered(path)
             if entry is None:
                 return path, _NO_DEFAULTS, None
-            return path, entry.defaults, entry.signature
+            return path, entry.defaults, entry.parameters
         entry = find(path)
-        return entry.path, entry.defaults, entry.signature
+        return entry.path, entry.defaults, entry.parameters
     if isinstance(task, types.MethodType) or is_bound_builtin(task):
         raise InvalidJob(
             f"{task!r} is a bound method: a job stores its arguments as JSON, never the "
@@ -289,7 +288,7 @@ def path_for_enqueue(
     if is_framework_task(task):
         path = task.module_path
         entry = _registry.get(path) or find(path)
-        return entry.path, entry.defaults, entry.signature
+        return entry.path, entry.defaults, entry.parameters
     module = getattr(task, "__module__", None)
     qualname = getattr(task, "__qualname__", None)
     if not isinstance(module, str) or not isinstance(qualname, str) or not callable(task):
@@ -311,17 +310,17 @@ def path_for_enqueue(
                 "module of your app and decorate it with @job."
             )
         entry = find(path)
-    return entry.path, entry.defaults, entry.signature
+    return entry.path, entry.defaults, entry.parameters
 
 
 def arguments_problem(path: str, args: Any, kwargs: Any) -> str:
     """Why the registered task at ``path`` cannot take these arguments ("" when it can,
     or when ``path`` is not a registered function): for schedules, checked ahead."""
     entry = registered(path)
-    if entry is None or entry.signature is None:
+    if entry is None or entry.parameters is None:
         return ""
     try:
-        check_fits(path, entry.signature, args or (), kwargs or {})
+        entry.parameters.check(path, args or (), kwargs or {})
     except InvalidJob as exc:
         return str(exc)
     return ""

@@ -12,6 +12,7 @@ from django_dbqueue import enqueue, enqueue_many, job, registry
 from django_dbqueue.exceptions import InvalidJob, InvalidJobArguments, ScheduleError
 from django_dbqueue.models import Job
 from django_dbqueue.scheduling.checks import check_schedules
+from django_dbqueue.signatures import Parameters
 from tests.support.jobs import add, record
 
 pytestmark = pytest.mark.django_db
@@ -128,3 +129,46 @@ def test_a_path_like_no_registered_one_gets_no_guess() -> None:
     with pytest.raises(InvalidJob) as caught:
         enqueue("billing.jobs.charge_customer")
     assert "did you mean" not in str(caught.value)
+
+
+def plain(a, b, c=3):  # type: ignore[no-untyped-def]
+    pass
+
+
+def keyword_only(a, *, b, c=3):  # type: ignore[no-untyped-def]
+    pass
+
+
+def positional_only(a, /, b=2):  # type: ignore[no-untyped-def]
+    pass
+
+
+def star_args(a, *rest):  # type: ignore[no-untyped-def]
+    pass
+
+
+def anything(*args, **kwargs):  # type: ignore[no-untyped-def]
+    pass
+
+
+CALLS = [((), {}), ((1,), {}), ((1, 2), {}), ((1, 2, 3), {}), ((1, 2, 3, 4), {})]
+CALLS += [((1,), {"b": 2}), ((), {"a": 1, "b": 2}), ((1,), {"a": 1}), ((1,), {"z": 1})]
+
+
+@pytest.mark.parametrize("function", [plain, keyword_only, positional_only, star_args, anything])
+def test_the_counted_check_agrees_with_python_for_every_kind_of_parameter(function: Any) -> None:
+    """Parameters.check counts positional arguments instead of binding them where it can:
+    it must accept exactly the calls Python accepts."""
+    parameters = Parameters(function)
+    for args, kwargs in CALLS:
+        try:
+            function(*args, **kwargs)
+            python_takes = True
+        except TypeError:
+            python_takes = False
+        try:
+            parameters.check("p.f", list(args), kwargs)
+            we_take = True
+        except InvalidJobArguments:
+            we_take = False
+        assert we_take == python_takes, (function.__name__, args, kwargs)

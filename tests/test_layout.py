@@ -52,6 +52,7 @@ ROOT_MODULES = {
     "django_dbqueue.bulk": "enqueue",
     "django_dbqueue.arguments": "enqueue",
     "django_dbqueue.task_names": "enqueue",
+    "django_dbqueue.signatures": "enqueue",
     "django_dbqueue": "shell",
     "django_dbqueue.apps": "shell",
     "django_dbqueue.checks": "shell",
