@@ -153,6 +153,8 @@ def anything(*args, **kwargs):  # type: ignore[no-untyped-def]
 
 CALLS = [((), {}), ((1,), {}), ((1, 2), {}), ((1, 2, 3), {}), ((1, 2, 3, 4), {})]
 CALLS += [((1,), {"b": 2}), ((), {"a": 1, "b": 2}), ((1,), {"a": 1}), ((1,), {"z": 1})]
+CALLS += [((1, 2), {"c": 3}), ((), {"a": 1, "b": 2, "c": 3}), ((), {"b": 2}), ((1,), {"c": 3})]
+CALLS += [((1, 2, 3), {"c": 3}), ((), {"a": 1, "c": 3})]
 
 
 @pytest.mark.parametrize("function", [plain, keyword_only, positional_only, star_args, anything])
