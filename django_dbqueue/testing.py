@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from django.db import connections, transaction
+from django.db import connections
 from django.db.models.functions import Now
 
 from django_dbqueue import signals
@@ -193,14 +193,17 @@ class _AsIfAutocommit(InlineExecutor):
     def call(self, job: Job, lane: int, timeout: float | None, began: float) -> Outcome:
         atomic = [conn for conn in connections.all(initialized_only=True) if conn.in_atomic_block]
         marks = {conn.alias: len(conn.run_on_commit) for conn in connections.all()}
-        savepoints = [(conn, transaction.savepoint(using=conn.alias)) for conn in atomic]
+        # The connections' own savepoint calls: transaction.savepoint() is deprecated on 6.1.
+        savepoints = [(conn, conn.savepoint()) for conn in atomic]
         result, error = super().call(job, lane, timeout, began)
         for conn, sid in savepoints:
+            if sid is None:  # savepoints not allowed (autocommit): nothing to end
+                continue
             if conn.needs_rollback:
                 conn.needs_rollback = False  # as Atomic.__exit__ does, to roll back
-                transaction.savepoint_rollback(sid, using=conn.alias)
+                conn.savepoint_rollback(sid)
             else:
-                transaction.savepoint_commit(sid, using=conn.alias)
+                conn.savepoint_commit(sid)
         try:
             _run_new_callbacks(marks)
         except Exception as exc:  # the job's failure, as in a worker
