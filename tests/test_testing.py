@@ -15,6 +15,7 @@ from django_dbqueue.pytest_plugin import run_due_jobs as run_due_jobs  # the fix
 from django_dbqueue.queue.pausing import pause
 from django_dbqueue.testing import JobOutcome, JobsTestMixin, TooManyJobs
 from testproject.models import Execution
+from tests.support import conformance_tasks
 from tests.support.jobs import add, fail, noop
 
 pytestmark = pytest.mark.django_db
@@ -210,6 +211,13 @@ def test_an_unregistered_task_fails_at_once(run_due_jobs: Any) -> None:
     Job.objects.create(task="tests.support.jobs.no_such_job", max_attempts=3)
     [outcome] = run_due_jobs()
     assert outcome.status == "failed" and "no_such_job" in str(outcome.error)
+
+
+def test_a_django_task_runs_through_the_framework(run_due_jobs: Any) -> None:
+    result = conformance_tasks.echo.enqueue("x", n=1)
+    [outcome] = run_due_jobs(tasks=[conformance_tasks.echo])
+    assert (outcome.status, outcome.result) == ("done", {"args": ["x"], "kwargs": {"n": 1}})
+    assert conformance_tasks.echo.get_result(result.id).status == "SUCCESSFUL"
 
 
 class MixinTests(JobsTestMixin, TestCase):
