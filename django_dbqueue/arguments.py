@@ -145,6 +145,8 @@ def check_call(
             f"DBQUEUE['MAX_PAYLOAD_BYTES'] ({defaults.max_payload_bytes}). Store big data "
             "elsewhere (a model, a file) and pass its id."
         )
+    if shared.parameters is not None:
+        shared.parameters.check(shared.path, job_args, job_kwargs)
     return Call(job_args, args_text, job_kwargs, kwargs_text, key, limit)
 
 

@@ -87,13 +87,14 @@ def check_shared(
     Options left at None take the task's ``@job`` defaults, then the ``DBQUEUE`` ones.
     With ``check_task`` off, ``task`` is a path the caller has checked itself.
     """
+    parameters = None
     if check_task:
-        path, task_defaults = path_for_enqueue(task, defaults.validate_tasks)
+        path, task_defaults, parameters = path_for_enqueue(task, defaults.validate_tasks)
     else:
         path, task_defaults = bounds.check_text(str(task), "a task path"), EMPTY
     if len(path) > TASK_PATH_MAX:
         raise InvalidJob(f"a task path is at most {TASK_PATH_MAX} characters long.")
-    return check_options(path, task_defaults, defaults, given, backend)
+    return check_options(path, task_defaults, defaults, given, backend, parameters)
 
 
 def build_job(

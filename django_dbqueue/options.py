@@ -35,6 +35,7 @@ from typing import Any, Literal, NamedTuple, TypedDict
 from django_dbqueue import bounds
 from django_dbqueue.conf import PerSettings, settings
 from django_dbqueue.exceptions import InvalidJob
+from django_dbqueue.signatures import Parameters
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +270,8 @@ class Shared(NamedTuple):
     key_template: str | None  # the task's concurrency_key, formatted per job
     concurrency_limit: Any  # the task's; checked with a job's key
     backend: str
+    # The task function's, which each job's arguments must fit (None: not checked here).
+    parameters: Parameters | None = None
 
 
 def check_options(
@@ -277,6 +280,7 @@ def check_options(
     defaults: Defaults,
     given: Mapping[str, Any],
     backend: str = "",
+    parameters: Parameters | None = None,
 ) -> Shared:
     """The task at ``path`` with the shared options of ``given`` checked (those left at
     None take the task's ``@job`` defaults, then the ``DBQUEUE`` ones). Raises InvalidJob.
@@ -288,14 +292,14 @@ def check_options(
     for name, value in given.items():
         if value is not None and name in SHARED_NAMES:
             if type(value) not in _SAME_IF_EQUAL:
-                return _check_options(path, task_defaults, defaults, given, backend)
+                return _check_options(path, task_defaults, defaults, given, backend, parameters)
             parts += (name, type(value), value)
     key = tuple(parts)
     # The task's defaults are the registry's dict, replaced when it is registered again.
     known = defaults.known.get(key)
     if known is not None and known[0] is task_defaults:
         return known[1]
-    shared = _check_options(path, task_defaults, defaults, given, backend)
+    shared = _check_options(path, task_defaults, defaults, given, backend, parameters)
     if len(defaults.known) >= _KNOWN_MAX:  # e.g. paths the registry does not know
         defaults.known.clear()
     defaults.known[key] = (task_defaults, shared)
@@ -314,6 +318,7 @@ def _check_options(
     defaults: Defaults,
     given: Mapping[str, Any],
     backend: str,
+    parameters: Parameters | None,
 ) -> Shared:
     columns = {}
     given_value, task_default = given.get, task_defaults.get  # a task keeps no None default
@@ -327,6 +332,7 @@ def _check_options(
         None if template is None else str(template),
         task_defaults.get("concurrency_limit"),
         backend,
+        parameters,
     )
 
 

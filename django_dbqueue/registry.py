@@ -26,8 +26,10 @@ from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import InvalidJob, ScheduleError, UnregisteredTask
 from django_dbqueue.options import JobDefaults, check_defaults
 from django_dbqueue.scheduling.config import declared_entry
+from django_dbqueue.signatures import Parameters
 from django_dbqueue.task_names import (
     checked_path_syntax,
+    close_paths,
     found_under_own_name,
     is_bound_builtin,
     unimportable_name,
@@ -59,6 +61,9 @@ class RegisteredTask:
     schedules: tuple[tuple[str, dict[str, Any]], ...] = ()
     # An ``async def`` function: the worker awaits it (worker/executors/asyncio.py).
     is_async: bool = False
+    # What enqueue() checks a job's arguments against, read once; None for a Django
+    # Task, which the framework checks its own way.
+    parameters: Parameters | None = None
 
 
 _registry: dict[str, RegisteredTask] = {}
@@ -71,9 +76,12 @@ _discovering = False
 
 
 def unregistered_message(path: str) -> str:
+    """Why ``path`` cannot run, with the registered paths closest to it (a misspelling)."""
+    close = close_paths(path, list(_registry))
+    guess = f"did you mean {' or '.join(map(repr, close))}? If not, " if close else ""
     return (
-        f"task {path!r} is not a registered task; decorate it with @job or list its module "
-        "in DBQUEUE['TASK_MODULES']"
+        f"task {path!r} is not a registered task; {guess}decorate it with @job or list its "
+        "module in DBQUEUE['TASK_MODULES']"
     )
 
 
@@ -140,12 +148,14 @@ def _declared_schedules(
     declared: list[tuple[str, dict[str, Any]]] = []
     for given_entry in entries:
         name, entry = declared_entry(path, given_entry)
+        where = f"@job(schedule=...) on {path}"
         if any(name == other for other, _ in declared):
             raise ScheduleError(
-                name,
-                "declared twice on this task: give each schedule its own 'name'.",
-                where=f"@job(schedule=...) on {path}",
+                name, "declared twice on this task: give each schedule its own 'name'.", where=where
             )
+        problem = arguments_problem(path, entry.get("args"), entry.get("kwargs"))
+        if problem:
+            raise ScheduleError(name, problem, "args", where=where)
         declared.append((name, entry))
     return tuple(declared)
 
@@ -178,7 +188,14 @@ def register(function: Any, **defaults: Any) -> RegisteredTask:
     if problem:
         raise TypeError(f"@job cannot register {path}: {problem}")
     is_async = bool(function.__code__.co_flags & 0x80)  # CO_COROUTINE: an async def
-    entry = RegisteredTask(path, function, False, check_defaults(defaults), is_async=is_async)
+    entry = RegisteredTask(
+        path,
+        function,
+        False,
+        check_defaults(defaults),
+        is_async=is_async,
+        parameters=Parameters(function),
+    )
     _registry[path] = entry
     return entry
 
@@ -242,8 +259,11 @@ def _register_framework_task(path: str, task: Any) -> RegisteredTask:
     return entry
 
 
-def path_for_enqueue(task: Any, validate: bool = True) -> tuple[str, Mapping[str, Any]]:
-    """(task path, the task's registered defaults) for what enqueue() was given.
+def path_for_enqueue(
+    task: Any, validate: bool = True
+) -> tuple[str, Mapping[str, Any], Parameters | None]:
+    """(task path, the task's registered defaults, the parameters its arguments must fit)
+    for what enqueue() was given.
 
     ``task`` is a registered function, a Django Tasks ``Task`` or its function, or a
     dotted path. Anything else raises InvalidJob, with the reason for the usual
@@ -254,17 +274,19 @@ def path_for_enqueue(task: Any, validate: bool = True) -> tuple[str, Mapping[str
     if type(task) is types.FunctionType:  # the usual case: a registered function
         entry = _registry.get(f"{task.__module__}.{task.__qualname__}")
         if entry is not None:
-            return entry.path, entry.defaults
+            return entry.path, entry.defaults, entry.parameters
     elif isinstance(task, str):
         entry = _registry.get(task)
         if entry is not None:
-            return entry.path, entry.defaults
+            return entry.path, entry.defaults, entry.parameters
         path = checked_path_syntax(task)
         if not validate:
             entry = registered(path)
-            return path, entry.defaults if entry is not None else _NO_DEFAULTS
+            if entry is None:
+                return path, _NO_DEFAULTS, None
+            return path, entry.defaults, entry.parameters
         entry = find(path)
-        return entry.path, entry.defaults
+        return entry.path, entry.defaults, entry.parameters
     if isinstance(task, types.MethodType) or is_bound_builtin(task):
         raise InvalidJob(
             f"{task!r} is a bound method: a job stores its arguments as JSON, never the "
@@ -274,7 +296,7 @@ def path_for_enqueue(task: Any, validate: bool = True) -> tuple[str, Mapping[str
     if is_framework_task(task):
         path = task.module_path
         entry = _registry.get(path) or find(path)
-        return entry.path, entry.defaults
+        return entry.path, entry.defaults, entry.parameters
     module = getattr(task, "__module__", None)
     qualname = getattr(task, "__qualname__", None)
     if not isinstance(module, str) or not isinstance(qualname, str) or not callable(task):
@@ -296,7 +318,20 @@ def path_for_enqueue(task: Any, validate: bool = True) -> tuple[str, Mapping[str
                 "module of your app and decorate it with @job."
             )
         entry = find(path)
-    return entry.path, entry.defaults
+    return entry.path, entry.defaults, entry.parameters
+
+
+def arguments_problem(path: str, args: Any, kwargs: Any) -> str:
+    """Why the registered task at ``path`` cannot take these arguments ("" when it can,
+    or when ``path`` is not a registered function): for schedules, checked ahead."""
+    entry = registered(path)
+    if entry is None or entry.parameters is None:
+        return ""
+    try:
+        entry.parameters.check(path, args or (), kwargs or {})
+    except InvalidJob as exc:
+        return str(exc)
+    return ""
 
 
 def task_path(task: Any) -> str:

@@ -8,6 +8,7 @@ method) or string could never be found that way.
 
 from __future__ import annotations
 
+import difflib
 import sys
 import types
 from typing import Any
@@ -65,3 +66,15 @@ def checked_path_syntax(task: str) -> str:
     if len(path) > PATH_MAX:
         raise InvalidJob(f"a task path is at most {PATH_MAX} characters long.")
     return path
+
+
+def close_paths(path: str, known: list[str]) -> list[str]:
+    """The paths of ``known`` closest to a misspelt ``path`` (at most 3, best first):
+    close as a whole and in the function's own name, since the paths of one module
+    share most of their letters."""
+    name = path.rpartition(".")[2]
+    return [
+        other
+        for other in difflib.get_close_matches(path, known, n=3, cutoff=0.8)
+        if difflib.SequenceMatcher(None, name, other.rpartition(".")[2]).ratio() >= 0.8
+    ]

@@ -52,11 +52,13 @@ ROOT_MODULES = {
     "django_dbqueue.bulk": "enqueue",
     "django_dbqueue.arguments": "enqueue",
     "django_dbqueue.task_names": "enqueue",
+    "django_dbqueue.signatures": "enqueue",
     "django_dbqueue": "shell",
     "django_dbqueue.apps": "shell",
     "django_dbqueue.checks": "shell",
     "django_dbqueue.backends": "shell",
     "django_dbqueue.testing": "shell",
+    "django_dbqueue.pytest_plugin": "shell",
 }
 # Rooms that stand apart: they import only lower ranks, and no room of their rank
 # imports them (named locks serve the app, not the queue).

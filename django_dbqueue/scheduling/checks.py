@@ -43,7 +43,8 @@ def check_schedules(
 ) -> list[checks.CheckMessage]:
     """Errors for each schedule that is malformed (E302), has a bad cron expression,
     interval or time zone (E303), names a queue missing from DBQUEUE['QUEUES'] (E304)
-    or a task that ``is_registered`` does not know (E305); E301 if the setting is not a
+    or a task that ``is_registered`` does not know (E305), with arguments its function
+    does not take (E307); E301 if the setting is not a
     dict. Without ``is_registered`` a task only has to look like a dotted path."""
     raw = settings.SCHEDULE
     if not isinstance(raw, dict):
@@ -75,6 +76,8 @@ def check_schedules(
                     id="django_dbqueue.E305",
                 )
             )
+        elif is_registered is not None:
+            errors += _unfit_arguments(name, schedule.task, schedule.args, schedule.kwargs)
     if is_registered is not None:  # the task modules are imported: their schedules count
         errors += _check_declared(set(raw), queues, zone)
     return errors
@@ -108,6 +111,19 @@ def _check_declared(taken: set[str], queues: list[str], zone: str) -> list[check
             continue
         errors += _unknown_queue(f"{where} (schedule {name!r})", schedule.queue, queues)
     return errors
+
+
+def _unfit_arguments(name: str, path: str, args: Any, kwargs: Any) -> list[checks.CheckMessage]:
+    problem = registry.arguments_problem(path, args, kwargs)
+    if not problem:
+        return []
+    return [
+        checks.Error(
+            f"DBQUEUE['SCHEDULE'][{name!r}]: {problem}",
+            hint="Give 'args' and 'kwargs' that the task's function takes.",
+            id="django_dbqueue.E307",
+        )
+    ]
 
 
 def _unknown_queue(where: str, queue: str | None, queues: list[str]) -> list[checks.CheckMessage]:

@@ -6,6 +6,7 @@ Nothing here is imported unless the project uses Django Tasks: the framework may
 
 from __future__ import annotations
 
+import logging
 from importlib import import_module
 from importlib.util import find_spec
 from typing import TYPE_CHECKING, Any
@@ -81,6 +82,26 @@ def connect_signals() -> None:
     """Bridge the queue's signals to the framework's."""
     signals.job_finished.connect(on_job_finished, dispatch_uid="django_dbqueue.task_finished.done")
     signals.job_failed.connect(on_job_failed, dispatch_uid="django_dbqueue.task_finished.failed")
+
+
+def log_task_states(stream: Any, verbosity: int) -> None:
+    """Let the framework's task state lines (``Task id=... path=... state=RUNNING``) reach
+    the worker's output when nothing else would, as the backport's reference worker does.
+
+    The framework logs them from its own signal receivers, to ``django.tasks`` (Django 6)
+    or ``django_tasks`` (the backport). Django's default logging shows the first through
+    the ``django`` logger; the second has no handler unless the project gives it one, so
+    on Django 5.2 the worker printed none of them. A logger that has a handler (the
+    project's, or Django's) is left as it is; one without gets ``stream`` at the level
+    ``verbosity`` asks for (0: critical only, 1: info, 2 and more: debug).
+    """
+    name = "django.tasks" if find_spec("django.tasks") is not None else "django_tasks"
+    framework_logger = logging.getLogger(name)
+    if framework_logger.hasHandlers():
+        return
+    levels = {0: logging.CRITICAL, 1: logging.INFO}
+    framework_logger.setLevel(levels.get(verbosity, logging.DEBUG))
+    framework_logger.addHandler(logging.StreamHandler(stream))
 
 
 def register_framework_checks() -> None:

@@ -247,3 +247,14 @@ def import_problems(tree: ast.AST) -> list[str]:
 def test_python_block_parses_and_its_imports_import(block: Block) -> None:
     tree = ast.parse(block.text, block.where)
     assert import_problems(tree) == []
+
+
+def test_the_repository_tracks_no_build_artefacts() -> None:
+    """Wheels, sdists, build and egg-info directories, bytecode and databases are made,
+    not kept (a 17 MB uv wheel once sat at the root)."""
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert tracked, "git ls-files found nothing"
+    made = re.compile(r"(\.whl|\.tar\.gz|\.pyc|\.sqlite3|\.egg-info/.*)$|^(dist|build)/")
+    assert [name for name in tracked if made.search(name)] == []

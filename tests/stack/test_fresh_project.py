@@ -297,6 +297,11 @@ def test_readme_tour_in_a_new_project(
     assert "Welcome mail for user 1 (en)" in out, out
     assert "1 done, 0 failed" in out, out
 
+    # The tour's test: the sign-up view, its job run by run_due_jobs() in the test.
+    assert "python manage.py test myapp" in tour_commands
+    tested = manage("test", "myapp")
+    assert "Ran 1 test" in tested and "\nOK" in tested, tested
+
     inspect = next(b for b in README if b.section == TOUR and "Job.objects.filter(" in b.text)
     shell(inspect.text + "assert Job.objects.filter(status=Job.Status.DONE).count() == 1\n")
 

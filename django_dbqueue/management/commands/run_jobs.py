@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import InterfaceError, OperationalError, router
 
-from django_dbqueue import registry
+from django_dbqueue import registry, tasks
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Job
 from django_dbqueue.queue.schema import schema_problem
@@ -159,6 +159,8 @@ class Command(BaseCommand):
         verbosity = int(options["verbosity"])
         if verbosity >= 2:
             logging.getLogger("django_dbqueue").setLevel(logging.DEBUG)
+        if tasks.framework_available():
+            tasks.log_task_states(self.stdout, verbosity)
         progress = Progress(self.stdout.write, options["progress_interval"]) if verbosity else None
         async_lanes = self.async_lanes(options["async_concurrency"])
         worker_options: dict[str, Any] = {
