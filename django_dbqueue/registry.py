@@ -188,14 +188,8 @@ def register(function: Any, **defaults: Any) -> RegisteredTask:
     if problem:
         raise TypeError(f"@job cannot register {path}: {problem}")
     is_async = bool(function.__code__.co_flags & 0x80)  # CO_COROUTINE: an async def
-    entry = RegisteredTask(
-        path,
-        function,
-        False,
-        check_defaults(defaults),
-        is_async=is_async,
-        parameters=Parameters(function),
-    )
+    checked, parameters = check_defaults(defaults), Parameters(function)
+    entry = RegisteredTask(path, function, False, checked, is_async=is_async, parameters=parameters)
     _registry[path] = entry
     return entry
 
