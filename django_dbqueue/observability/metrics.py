@@ -16,13 +16,13 @@ each process and written to its files once a second (:class:`_Tally`).
 
 from __future__ import annotations
 
-import bisect
 import glob
 import os
 import shutil
 import tempfile
 import threading
 import time
+from bisect import bisect_left
 from collections.abc import Iterable
 from dataclasses import dataclass
 from multiprocessing import util as mp_util
@@ -34,7 +34,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 from prometheus_client.registry import Collector
 
 from django_dbqueue import signals
-from django_dbqueue.exceptions import JobCancelled, RetryJob
+from django_dbqueue.exceptions import RetryJob
 from django_dbqueue.models import Job
 from django_dbqueue.observability import hooks
 
@@ -105,80 +105,127 @@ class WorkerMetrics:
         )
 
 
+class _Counts:
+    """What one thread counted since its process began counting. Only that thread writes
+    here, so a count takes no lock; the values only grow, and the flusher writes what grew
+    since it last looked (a count it reads half made is written at its next look)."""
+
+    __slots__ = ("claims", "finished", "jobs", "running", "wrote")
+
+    def __init__(self) -> None:
+        self.finished: dict[tuple[str, str, str], int] = {}  # (queue, task, outcome)
+        # (queue, task) -> [run seconds, wait seconds, count per run bucket, per wait bucket]
+        self.jobs: dict[tuple[str, str], list[float]] = {}
+        self.running: dict[str, int] = {}  # queue -> attempts begun minus attempts ended
+        self.claims = [0, 0]  # claims, empty claims
+        self.wrote: tuple[dict[Any, int], dict[Any, list[float]], list[int]] = ({}, {}, [0, 0])
+
+
 class _Tally:
-    """What this process counted since its last flush, in plain Python: a job costs a
-    few dictionary updates. A child's thread writes the memory-mapped values once every
-    :data:`FLUSH_INTERVAL`, and the child writes them when it exits normally; the
-    supervisor (which counts only deaths) writes at once."""
+    """Counts in plain Python, one :class:`_Counts` per thread: a job costs a few list
+    and dictionary updates. A child's thread writes them to the memory-mapped values
+    once every :data:`FLUSH_INTERVAL`, and the child writes them when it exits normally;
+    the supervisor (which counts only deaths and kills) writes at once."""
 
     def __init__(self, metrics: WorkerMetrics) -> None:
         self.metrics = metrics
-        self.lock = threading.Lock()  # threads of a --threads worker count here too
-        self.run_bounds = list(metrics.run_seconds._upper_bounds)
-        self.wait_bounds = list(metrics.wait_seconds._upper_bounds)
+        self.run_bounds = tuple(metrics.run_seconds._upper_bounds)
+        self.wait_bounds = tuple(metrics.wait_seconds._upper_bounds)
+        self.width = 2 + len(self.run_bounds) + len(self.wait_bounds)
         self.write_through = True
-        self._clear()
-        self.running: dict[str, int] = {}  # queue -> jobs running now in this process
+        self._start()
 
-    def _clear(self) -> None:
-        self.finished: dict[tuple[str, str, str], int] = {}
-        self.run: dict[tuple[str, str], list[float]] = {}  # [sum, count per bucket...]
-        self.wait: dict[tuple[str, str], list[float]] = {}
-        self.claims = self.empty_claims = 0
+    def _start(self) -> None:
+        self.lock = threading.Lock()  # threads joining, and flushes
+        self.local = threading.local()
+        self.threads: list[_Counts] = []
+        self.queues: set[str] = set()  # every queue with a running gauge written
+        self.children: dict[tuple[Any, tuple[str, ...]], Any] = {}  # labelled metrics
+
+    def counts(self) -> _Counts:
+        """This thread's counts."""
+        try:
+            counts: _Counts = self.local.counts
+        except AttributeError:
+            counts = self.local.counts = _Counts()
+            with self.lock:
+                self.threads.append(counts)
+        return counts
 
     def outcome(self, queue: str, task: str, outcome: str) -> None:
+        finished = self.counts().finished
         key = (queue, task, outcome)
-        with self.lock:
-            self.finished[key] = self.finished.get(key, 0) + 1
-        self._maybe_flush()
+        finished[key] = finished.get(key, 0) + 1
+        if self.write_through:
+            self.flush()
 
     def claimed(self, took: bool) -> None:
-        with self.lock:
-            self.claims += 1
-            self.empty_claims += 0 if took else 1
-        self._maybe_flush()
-
-    def started(self, queue: str, task: str, waited: float) -> None:
-        with self.lock:
-            _observe(self.wait, self.wait_bounds, (queue, task), waited)
-            self.running[queue] = self.running.get(queue, 0) + 1
-        self._maybe_flush()
-
-    def ended(self, queue: str, task: str, seconds: float, outcome: str | None) -> None:
-        with self.lock:
-            _observe(self.run, self.run_bounds, (queue, task), seconds)
-            self.running[queue] -= 1
-            if outcome is not None:
-                key = (queue, task, outcome)
-                self.finished[key] = self.finished.get(key, 0) + 1
-        self._maybe_flush()
-
-    def _maybe_flush(self) -> None:
+        claims = self.counts().claims
+        claims[0] += 1
+        if not took:
+            claims[1] += 1
         if self.write_through:
             self.flush()
 
     def flush(self) -> None:
         with self.lock:
-            finished, run, wait = self.finished, self.run, self.wait
-            claims, empty, running = self.claims, self.empty_claims, dict(self.running)
-            self._clear()
+            running: dict[str, int] = dict.fromkeys(self.queues, 0)
+            for counts in list(self.threads):
+                self._write(counts)
+                for queue, count in list(counts.running.items()):
+                    running[queue] = running.get(queue, 0) + count
+            for queue, count in running.items():
+                self._child(self.metrics.running, (queue,)).set(count)
+            self.queues.update(running)
+
+    def _write(self, counts: _Counts) -> None:
+        """Add what ``counts`` gained since the last flush to the metrics."""
         metrics = self.metrics
-        for labels, count in finished.items():
-            metrics.finished.labels(*labels).inc(count)
-        _add(metrics.run_seconds, run)
-        _add(metrics.wait_seconds, wait)
-        for queue, count in running.items():
-            metrics.running.labels(queue).set(count)
-        if claims:
-            metrics.claims.inc(claims)
-        if empty:
-            metrics.empty_claims.inc(empty)
+        wrote_finished, wrote_jobs, wrote_claims = counts.wrote
+        finished = counts.finished.copy()
+        for key, count in finished.items():
+            if count != wrote_finished.get(key, 0):
+                self._child(metrics.finished, key).inc(count - wrote_finished.get(key, 0))
+        jobs = {key: list(sums) for key, sums in list(counts.jobs.items())}
+        empty = [0.0] * self.width
+        for pair, sums in jobs.items():
+            old = wrote_jobs.get(pair, empty)
+            if sums != old:
+                self._add(pair, [new - before for new, before in zip(sums, old, strict=True)])
+        claims = list(counts.claims)
+        if claims[0] != wrote_claims[0]:
+            metrics.claims.inc(claims[0] - wrote_claims[0])
+        if claims[1] != wrote_claims[1]:
+            metrics.empty_claims.inc(claims[1] - wrote_claims[1])
+        counts.wrote = (finished, jobs, claims)
+
+    def _add(self, key: tuple[str, str], grown: list[float]) -> None:
+        """Add many observations at once: what ``observe`` writes, per bucket (the values
+        behind a histogram: its sum and one count per bucket, as prometheus_client keeps
+        them since its first releases; the process tests read them back)."""
+        runs = 2 + len(self.run_bounds)
+        for histogram, total, buckets in (
+            (self.metrics.run_seconds, grown[0], grown[2:runs]),
+            (self.metrics.wait_seconds, grown[1], grown[runs:]),
+        ):
+            child = self._child(histogram, key)
+            if total:
+                child._sum.inc(total)
+            for bucket, count in zip(child._buckets, buckets, strict=True):
+                if count:
+                    bucket.inc(count)
+
+    def _child(self, metric: Any, labels: tuple[str, ...]) -> Any:
+        child = self.children.get((metric, labels))
+        if child is None:
+            child = self.children[(metric, labels)] = metric.labels(*labels)
+        return child
 
     def forked(self) -> None:
-        """In a new child: count locally, and flush when it exits (not when it is
-        killed: those counts are lost, docs/observability.md)."""
-        self._clear()
-        self.running = {}
+        """In a new child: count afresh (the supervisor wrote its own), flush from a
+        thread and when the child exits (not when it is killed: those counts are lost,
+        docs/observability.md)."""
+        self._start()
         self.write_through = False
         mp_util.Finalize(self, self.flush, exitpriority=100)
         threading.Thread(target=self._flush_every, name="dbqueue-metrics", daemon=True).start()
@@ -189,60 +236,46 @@ class _Tally:
             self.flush()
 
 
-def _observe(
-    into: dict[tuple[str, str], list[float]],
-    bounds: list[float],
-    key: tuple[str, str],
-    amount: float,
-) -> None:
-    sums = into.get(key)
-    if sums is None:
-        sums = into[key] = [0.0] * (len(bounds) + 1)
-    sums[0] += amount
-    sums[1 + bisect.bisect_left(bounds, amount)] += 1  # the first bucket with le >= amount
-
-
-def _add(histogram: Histogram, tallied: dict[tuple[str, str], list[float]]) -> None:
-    """Add many observations at once: what ``observe`` writes, per bucket (the values
-    behind a histogram: its sum and one count per bucket, as prometheus_client keeps
-    them since its first releases; the process tests read them back)."""
-    for labels, sums in tallied.items():
-        child = histogram.labels(*labels)
-        child._sum.inc(sums[0])
-        for bucket, count in zip(child._buckets, sums[1:], strict=True):
-            if count:
-                bucket.inc(count)
-
-
 class _Timed:
-    """The metrics' wrapper around one job's call (:mod:`.hooks`)."""
+    """The metrics' wrapper around one job's call (:mod:`.hooks`): the running count
+    goes up at the start; everything else is one observation at the end."""
 
-    __slots__ = ("began", "job", "tally")
+    __slots__ = ("began", "counts", "job", "tally")
 
     def __init__(self, tally: _Tally, job: Job) -> None:
         self.tally = tally
         self.job = job
-        self.began = 0.0
 
     def __enter__(self) -> None:
-        job = self.job
+        counts = self.counts = self.tally.counts()
+        running, queue = counts.running, self.job.queue
+        running[queue] = running.get(queue, 0) + 1
         self.began = time.monotonic()
-        self.tally.started(job.queue, job.task, max(0.0, time.time() - job.run_after.timestamp()))
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
-        # What no signal reports: a RetryJob deferral, a cancel while running.
-        outcome = None
-        if exc is not None:
-            if isinstance(exc, RetryJob):
-                outcome = "retried"
-            elif isinstance(exc, JobCancelled):
-                outcome = "cancelled"
-        job = self.job
-        self.tally.ended(job.queue, job.task, time.monotonic() - self.began, outcome)
+        ran = time.monotonic() - self.began
+        job, tally, counts = self.job, self.tally, self.counts
+        # From the job's run_after to its start, in wall-clock time.
+        waited = max(0.0, time.time() - ran - job.run_after.timestamp())
+        key = (job.queue, job.task)
+        sums = counts.jobs.get(key)
+        if sums is None:
+            sums = counts.jobs[key] = [0.0] * tally.width
+        sums[0] += ran
+        sums[1] += waited
+        sums[2 + bisect_left(tally.run_bounds, ran)] += 1  # the first bucket with le >= ran
+        sums[2 + len(tally.run_bounds) + bisect_left(tally.wait_bounds, waited)] += 1
+        counts.running[job.queue] -= 1
+        if isinstance(exc, RetryJob):  # the deferral no signal reports
+            finished = counts.finished
+            outcome = (job.queue, job.task, "retried")
+            finished[outcome] = finished.get(outcome, 0) + 1
+        if tally.write_through:
+            tally.flush()
 
 
 class _Receivers:
-    """The signal receivers and the call wrapper, bound to one run's metrics."""
+    """The signal receivers and the hooks, bound to one run's metrics."""
 
     def __init__(self, metrics: WorkerMetrics) -> None:
         self.tally = _Tally(metrics)
@@ -263,6 +296,10 @@ class _Receivers:
             outcome = "retried" if will_retry else "failed"
         self.tally.outcome(job.queue, job.task, outcome)
 
+    def recorded(self, job: Job, outcome: str) -> None:
+        """An outcome no signal reports (:func:`.hooks.recorded`: a cancel)."""
+        self.tally.outcome(job.queue, job.task, outcome)
+
     def claimed(self, sender: Any, jobs: list[Job], **kwargs: Any) -> None:
         self.tally.claimed(bool(jobs))
 
@@ -270,10 +307,13 @@ class _Receivers:
         return _Timed(self.tally, job)
 
     def connect(self) -> None:
-        signals.job_finished.connect(self.finished, dispatch_uid=f"{UID}.finished")
-        signals.job_failed.connect(self.failed, dispatch_uid=f"{UID}.failed")
-        signals.jobs_claimed.connect(self.claimed, dispatch_uid=f"{UID}.claimed")
+        # Held strongly (weak=False): the receivers live as long as the run, and each
+        # send then skips dereferencing them.
+        signals.job_finished.connect(self.finished, weak=False, dispatch_uid=f"{UID}.finished")
+        signals.job_failed.connect(self.failed, weak=False, dispatch_uid=f"{UID}.failed")
+        signals.jobs_claimed.connect(self.claimed, weak=False, dispatch_uid=f"{UID}.claimed")
         hooks.add(self.timed)
+        hooks.listen(self.recorded)
 
     def disconnect(self) -> None:
         self.tally.flush()
@@ -281,6 +321,7 @@ class _Receivers:
         signals.job_failed.disconnect(dispatch_uid=f"{UID}.failed")
         signals.jobs_claimed.disconnect(dispatch_uid=f"{UID}.claimed")
         hooks.remove(self.timed)
+        hooks.unlisten(self.recorded)
 
 
 class HostCollector(Collector):
