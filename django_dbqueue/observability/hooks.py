@@ -27,23 +27,29 @@ _listeners: list[Listener] = []
 
 
 def add(wrapper: Wrapper) -> None:
-    if wrapper not in _wrappers:
-        _wrappers.append(wrapper)
+    _join(_wrappers, wrapper)
 
 
 def remove(wrapper: Wrapper) -> None:
-    if wrapper in _wrappers:
-        _wrappers.remove(wrapper)
+    _leave(_wrappers, wrapper)
 
 
 def listen(listener: Listener) -> None:
-    if listener not in _listeners:
-        _listeners.append(listener)
+    _join(_listeners, listener)
 
 
 def unlisten(listener: Listener) -> None:
-    if listener in _listeners:
-        _listeners.remove(listener)
+    _leave(_listeners, listener)
+
+
+def _join(members: list[Any], member: Any) -> None:
+    if member not in members:
+        members.append(member)
+
+
+def _leave(members: list[Any], member: Any) -> None:
+    if member in members:
+        members.remove(member)
 
 
 def recorded(job: Job, outcome: str) -> None:
