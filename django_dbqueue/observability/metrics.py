@@ -124,6 +124,15 @@ class Server:
 
     def __init__(self, port: int, address: str = "0.0.0.0") -> None:
         self.directory = tempfile.mkdtemp(prefix="dbqueue-metrics-")
+        registry = CollectorRegistry()
+        registry.register(HostCollector(self.directory))
+        # Bound first: a port that is taken leaves nothing changed in this process.
+        try:
+            self.httpd, self.thread = start_http_server(port, address, registry=registry)
+        except BaseException:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            raise
+        self.port = int(self.httpd.server_port)
         self._previous_env = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
         self._previous_class = prometheus_values.ValueClass
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = self.directory
@@ -133,10 +142,6 @@ class Server:
         self.metrics = tallies.WorkerMetrics.create()
         self.receivers = _Receivers(self.metrics)
         self.receivers.connect()
-        registry = CollectorRegistry()
-        registry.register(HostCollector(self.directory))
-        self.httpd, self.thread = start_http_server(port, address, registry=registry)
-        self.port = int(self.httpd.server_port)
 
     def close(self) -> None:
         self.receivers.disconnect()

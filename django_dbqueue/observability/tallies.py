@@ -13,11 +13,10 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_left
-from collections import defaultdict
+from collections import deque
 from dataclasses import dataclass
 from multiprocessing import util as mp_util
 from time import monotonic
-from time import time as wall_time
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -91,117 +90,98 @@ class WorkerMetrics:
         )
 
 
-class Counts:
-    """What one thread counted since its process began counting. Only that thread writes
-    here, so a count takes no lock; the values only grow, and the flusher writes what grew
-    since it last looked (a count it reads half made is written at its next look)."""
-
-    __slots__ = ("claims", "finished", "jobs", "running", "wrote")
-
-    def __init__(self) -> None:
-        self.finished: defaultdict[tuple[str, str, str], int] = defaultdict(int)
-        # (queue, task) -> [run seconds, wait seconds, count per run bucket, per wait bucket]
-        self.jobs: dict[tuple[str, str], list[float]] = {}
-        self.running: defaultdict[str, int] = defaultdict(int)  # begun minus ended, by queue
-        self.claims = [0, 0]  # claims, empty claims
-        self.wrote: tuple[dict[Any, int], dict[Any, list[float]], list[int]] = ({}, {}, [0, 0])
-
-
 class Tally:
-    """Counts in plain Python, one :class:`Counts` per thread: a job costs a few list
-    and dictionary updates. A child's thread writes them to the memory-mapped values
-    once every :data:`FLUSH_INTERVAL`, and the child writes them when it exits normally;
-    the supervisor (which counts only deaths and kills) writes at once."""
+    """What this process counted since its last flush, as events in deques: appending
+    to a deque is atomic, so the threads of a child count with no lock, and a job costs
+    two appends (:class:`Timed`). The sums, buckets and labelled values are worked out
+    by :meth:`flush`: from a thread of the child once every :data:`FLUSH_INTERVAL`, and
+    when the child exits normally; the supervisor (which counts only deaths and kills)
+    flushes at once."""
 
     def __init__(self, metrics: WorkerMetrics) -> None:
         self.metrics = metrics
         self.run_bounds = tuple(metrics.run_seconds._upper_bounds)
         self.wait_bounds = tuple(metrics.wait_seconds._upper_bounds)
-        self.waits_at = 2 + len(self.run_bounds)  # [run, wait, run buckets, wait buckets]
-        self.width = self.waits_at + len(self.wait_bounds)
         self.write_through = True
         self._start()
 
     def _start(self) -> None:
-        self.lock = threading.Lock()  # threads joining, and flushes
-        self.local = threading.local()
-        self.threads: list[Counts] = []
-        self.queues: set[str] = set()  # every queue with a running gauge written
+        self.lock = threading.Lock()  # one flush at a time
+        self.begun: deque[str] = deque()  # the queue of each job started
+        # Each job ended: (job, monotonic start, monotonic end, deferred by RetryJob).
+        self.ended: deque[tuple[Job, float, float, bool]] = deque()
+        self.outcomes: deque[tuple[str, str, str]] = deque()  # (queue, task, outcome)
+        self.claims: deque[bool] = deque()  # whether each claim took a job
+        self.running: dict[str, int] = {}  # queue -> jobs running, as of the last flush
         self.children: dict[tuple[Any, tuple[str, ...]], Any] = {}  # labelled metrics
 
-    def counts(self) -> Counts:
-        """This thread's counts."""
-        try:
-            counts: Counts = self.local.counts
-        except AttributeError:
-            counts = self.local.counts = Counts()
-            with self.lock:
-                self.threads.append(counts)
-        return counts
-
     def outcome(self, queue: str, task: str, outcome: str) -> None:
-        try:
-            counts = self.local.counts
-        except AttributeError:
-            counts = self.counts()
-        counts.finished[(queue, task, outcome)] += 1
+        self.outcomes.append((queue, task, outcome))
         if self.write_through:
             self.flush()
 
     def claimed(self, took: bool) -> None:
-        claims = self.counts().claims
-        claims[0] += 1
-        if not took:
-            claims[1] += 1
+        self.claims.append(took)
         if self.write_through:
             self.flush()
 
     def flush(self) -> None:
         with self.lock:
-            running: dict[str, int] = dict.fromkeys(self.queues, 0)
-            for counts in list(self.threads):
-                self._write(counts)
-                for queue, count in list(counts.running.items()):
-                    running[queue] = running.get(queue, 0) + count
+            metrics, running = self.metrics, self.running
+            finished: dict[tuple[str, str, str], int] = {}
+            for _ in range(len(self.outcomes)):
+                key = self.outcomes.popleft()
+                finished[key] = finished.get(key, 0) + 1
+            # The ends counted before the starts: every job among them has its start
+            # (appended first, by the same thread) among the starts read after.
+            ends = len(self.ended)
+            for _ in range(len(self.begun)):
+                queue = self.begun.popleft()
+                running[queue] = running.get(queue, 0) + 1
+            self._observe(ends, finished)
+            for key, count in finished.items():
+                self._child(metrics.finished, key).inc(count)
             for queue, count in running.items():
-                self._child(self.metrics.running, (queue,)).set(count)
-            self.queues.update(running)
+                self._child(metrics.running, (queue,)).set(count)
+            took = [self.claims.popleft() for _ in range(len(self.claims))]
+            if took:
+                metrics.claims.inc(len(took))
+            if not all(took):
+                metrics.empty_claims.inc(took.count(False))
 
-    def _write(self, counts: Counts) -> None:
-        """Add what ``counts`` gained since the last flush to the metrics."""
-        metrics = self.metrics
-        wrote_finished, wrote_jobs, wrote_claims = counts.wrote
-        finished = counts.finished.copy()
-        for key, count in finished.items():
-            if count != wrote_finished.get(key, 0):
-                self._child(metrics.finished, key).inc(count - wrote_finished.get(key, 0))
-        jobs = {key: list(sums) for key, sums in list(counts.jobs.items())}
-        empty = [0.0] * self.width
-        for pair, sums in jobs.items():
-            old = wrote_jobs.get(pair, empty)
-            if sums != old:
-                self._add(pair, [new - before for new, before in zip(sums, old, strict=True)])
-        claims = list(counts.claims)
-        if claims[0] != wrote_claims[0]:
-            metrics.claims.inc(claims[0] - wrote_claims[0])
-        if claims[1] != wrote_claims[1]:
-            metrics.empty_claims.inc(claims[1] - wrote_claims[1])
-        counts.wrote = (finished, jobs, claims)
+    def _observe(self, ends: int, finished: dict[tuple[str, str, str], int]) -> None:
+        """The first ``ends`` ended jobs: their run and wait times, added per bucket."""
+        runs: dict[tuple[str, str], list[float]] = {}  # [sum, count per bucket...]
+        waits: dict[tuple[str, str], list[float]] = {}
+        # Wall-clock time of a monotonic instant (a second's clock change is noise here).
+        to_wall = time.time() - time.monotonic()
+        for _ in range(ends):
+            job, began, ended, deferred = self.ended.popleft()
+            key = (job.queue, job.task)
+            ran = ended - began
+            waited = max(0.0, began + to_wall - job.run_after.timestamp())
+            _bucket(runs, key, self.run_bounds, ran)
+            _bucket(waits, key, self.wait_bounds, waited)
+            self.running[job.queue] -= 1
+            if deferred:  # a RetryJob deferral, which no signal reports
+                outcome = (job.queue, job.task, "retried")
+                finished[outcome] = finished.get(outcome, 0) + 1
+        for histogram, tallied in (
+            (self.metrics.run_seconds, runs),
+            (self.metrics.wait_seconds, waits),
+        ):
+            for key, sums in tallied.items():
+                self._add(self._child(histogram, key), sums)
 
-    def _add(self, key: tuple[str, str], grown: list[float]) -> None:
+    @staticmethod
+    def _add(child: Any, sums: list[float]) -> None:
         """Add many observations at once: what ``observe`` writes, per bucket (the values
         behind a histogram: its sum and one count per bucket, as prometheus_client keeps
         them since its first releases; the process tests read them back)."""
-        for histogram, total, buckets in (
-            (self.metrics.run_seconds, grown[0], grown[2 : self.waits_at]),
-            (self.metrics.wait_seconds, grown[1], grown[self.waits_at :]),
-        ):
-            child = self._child(histogram, key)
-            if total:
-                child._sum.inc(total)
-            for bucket, count in zip(child._buckets, buckets, strict=True):
-                if count:
-                    bucket.inc(count)
+        child._sum.inc(sums[0])
+        for bucket, count in zip(child._buckets, sums[1:], strict=True):
+            if count:
+                bucket.inc(count)
 
     def _child(self, metric: Any, labels: tuple[str, ...]) -> Any:
         child = self.children.get((metric, labels))
@@ -224,41 +204,36 @@ class Tally:
             self.flush()
 
 
-class Timed:
-    """The metrics' wrapper around one job's call (:mod:`.hooks`): the running count
-    goes up at the start; everything else is one observation at the end."""
+def _bucket(
+    into: dict[tuple[str, str], list[float]],
+    key: tuple[str, str],
+    bounds: tuple[float, ...],
+    amount: float,
+) -> None:
+    sums = into.get(key)
+    if sums is None:
+        sums = into[key] = [0.0] * (len(bounds) + 1)
+    sums[0] += amount
+    sums[1 + bisect_left(bounds, amount)] += 1  # the first bucket with le >= amount
 
-    __slots__ = ("began", "counts", "job", "tally")
+
+class Timed:
+    """The metrics' wrapper around one job's call (:mod:`.hooks`): an append at its
+    start and one at its end; the flush does the rest."""
+
+    __slots__ = ("began", "job", "tally")
 
     def __init__(self, tally: Tally, job: Job) -> None:
         self.tally = tally
         self.job = job
 
     def __enter__(self) -> None:
-        try:
-            counts = self.counts = self.tally.local.counts
-        except AttributeError:
-            counts = self.counts = self.tally.counts()
-        counts.running[self.job.queue] += 1
+        self.tally.begun.append(self.job.queue)
         self.began = monotonic()
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
-        ran = monotonic() - self.began
-        job, tally, counts = self.job, self.tally, self.counts
-        # From the job's run_after to its start, in wall-clock time.
-        waited = wall_time() - ran - job.run_after.timestamp()
-        if waited < 0.0:
-            waited = 0.0
-        key = (job.queue, job.task)
-        sums = counts.jobs.get(key)
-        if sums is None:
-            sums = counts.jobs[key] = [0.0] * tally.width
-        sums[0] += ran
-        sums[1] += waited
-        sums[2 + bisect_left(tally.run_bounds, ran)] += 1  # the first bucket with le >= ran
-        sums[tally.waits_at + bisect_left(tally.wait_bounds, waited)] += 1
-        counts.running[job.queue] -= 1
-        if exc is not None and isinstance(exc, RetryJob):  # a deferral no signal reports
-            counts.finished[(job.queue, job.task, "retried")] += 1
+        tally = self.tally
+        deferred = exc is not None and isinstance(exc, RetryJob)
+        tally.ended.append((self.job, self.began, monotonic(), deferred))
         if tally.write_through:
             tally.flush()

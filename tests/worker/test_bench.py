@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 from io import StringIO
 
@@ -198,6 +199,8 @@ def test_bench_drains_with_the_worker_metrics_served() -> None:
                 "dbqueue_bench", "--only", "drain", "--jobs", "50", "--metrics-port", str(busy)
             )
     assert not Job.objects.exists()
+    # And nothing of the metrics is left set in this process.
+    assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
     call_command(
         "dbqueue_bench",
         "--only",
