@@ -15,6 +15,7 @@ import time
 from bisect import bisect_left
 from collections import deque
 from dataclasses import dataclass
+from datetime import datetime
 from multiprocessing import util as mp_util
 from time import monotonic
 from typing import Any
@@ -108,8 +109,10 @@ class Tally:
     def _start(self) -> None:
         self.lock = threading.Lock()  # one flush at a time
         self.begun: deque[str] = deque()  # the queue of each job started
-        # Each job ended: (job, monotonic start, monotonic end, deferred by RetryJob).
-        self.ended: deque[tuple[Job, float, float, bool]] = deque()
+        # Each job ended: (queue, task, run_after, monotonic start and end, deferred by
+        # RetryJob). Not the Job: kept alive until the flush, jobs would outlive the
+        # garbage collector's young generations and make its full collections slower.
+        self.ended: deque[tuple[str, str, datetime, float, float, bool]] = deque()
         self.outcomes: deque[tuple[str, str, str]] = deque()  # (queue, task, outcome)
         self.claims: deque[bool] = deque()  # whether each claim took a job
         self.running: dict[str, int] = {}  # queue -> jobs running, as of the last flush
@@ -156,15 +159,14 @@ class Tally:
         # Wall-clock time of a monotonic instant (a second's clock change is noise here).
         to_wall = time.time() - time.monotonic()
         for _ in range(ends):
-            job, began, ended, deferred = self.ended.popleft()
-            key = (job.queue, job.task)
-            ran = ended - began
-            waited = max(0.0, began + to_wall - job.run_after.timestamp())
-            _bucket(runs, key, self.run_bounds, ran)
+            queue, task, run_after, began, ended, deferred = self.ended.popleft()
+            key = (queue, task)
+            waited = max(0.0, began + to_wall - run_after.timestamp())
+            _bucket(runs, key, self.run_bounds, ended - began)
             _bucket(waits, key, self.wait_bounds, waited)
-            self.running[job.queue] -= 1
+            self.running[queue] -= 1
             if deferred:  # a RetryJob deferral, which no signal reports
-                outcome = (job.queue, job.task, "retried")
+                outcome = (queue, task, "retried")
                 finished[outcome] = finished.get(outcome, 0) + 1
         for histogram, tallied in (
             (self.metrics.run_seconds, runs),
@@ -232,8 +234,8 @@ class Timed:
         self.began = monotonic()
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
-        tally = self.tally
+        tally, job = self.tally, self.job
         deferred = exc is not None and isinstance(exc, RetryJob)
-        tally.ended.append((self.job, self.began, monotonic(), deferred))
+        tally.ended.append((job.queue, job.task, job.run_after, self.began, monotonic(), deferred))
         if tally.write_through:
             tally.flush()
