@@ -14,7 +14,7 @@ from django.db import connections, router
 
 from django_dbqueue.bench import baseline, runs
 from django_dbqueue.conf import settings
-from django_dbqueue.management.commands.run_jobs import positive_int
+from django_dbqueue.management.commands.run_jobs import metrics_server, positive_int
 from django_dbqueue.models import Job
 from django_dbqueue.queue import announce
 
@@ -70,6 +70,14 @@ ARGUMENTS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
         ),
     ),
     (("--rounds",), _count(3, "Interleaved rounds of the duties part (default 3).")),
+    (
+        ("--metrics-port",),
+        _count(
+            None,
+            "Serve the worker metrics on this port during the drains (run_jobs "
+            "--metrics-port), to weigh what they cost (default: off).",
+        ),
+    ),
     (
         ("--only",),
         {
@@ -143,6 +151,7 @@ def _start(options: dict[str, Any], say: Say) -> runs.Results:
     notes["job_ms"] = options["job_ms"]
     notes["threads"] = options["threads"]
     notes["wakeup"] = announce.method()
+    notes["metrics"] = bool(options["metrics_port"])
     say(
         f"dbqueue_bench on {results.vendor}, {options['workers']} worker process(es) x "
         f"{options['threads']} thread(s), wake-up: {notes['wakeup']}"
@@ -156,14 +165,20 @@ def _start(options: dict[str, Any], say: Say) -> runs.Results:
 
 
 def _drain_once(options: dict[str, Any], **extra: Any) -> float:
-    return runs.bench_drain(
-        options["jobs"],
-        options["workers"],
-        options["batch_size"],
-        options["job_ms"],
-        threads=options["threads"],
-        **extra,
-    )
+    # Made before the workers fork, as run_jobs does: they inherit it and count into it.
+    server = metrics_server(options["metrics_port"])
+    try:
+        return runs.bench_drain(
+            options["jobs"],
+            options["workers"],
+            options["batch_size"],
+            options["job_ms"],
+            threads=options["threads"],
+            **extra,
+        )
+    finally:
+        if server is not None:
+            server.close()
 
 
 def _drain(options: dict[str, Any], results: runs.Results, say: Say) -> None:

@@ -1,9 +1,11 @@
-"""What wraps each job's call in the worker: the tracing span and the metrics' timers.
+"""What the worker tells observability beyond the signals: each job's call, wrapped in
+the tracing span and the metrics' timer, and the outcomes no signal reports.
 
 ``worker/execution.call_job`` asks :func:`around` for each job; with neither tracing (a
-tracer provider set) nor metrics on, that is all it costs. The metrics register their
-wrapper here (:mod:`.metrics`, in the supervisor before it forks, so every child
-inherits it).
+tracer provider set) nor metrics on, that is all it costs. The worker calls
+:func:`recorded` where it records a cancel (before the job started, while it ran, or
+by killing the process of a job that ignored it). The metrics register here
+(:mod:`.metrics`, in the supervisor before it forks, so every child inherits them).
 """
 
 from __future__ import annotations
@@ -18,18 +20,42 @@ if TYPE_CHECKING:
     from django_dbqueue.models import Job
 
 Wrapper = Callable[["Job"], AbstractContextManager[Any]]
+Listener = Callable[["Job", str], None]
 
 _wrappers: list[Wrapper] = []
+_listeners: list[Listener] = []
 
 
 def add(wrapper: Wrapper) -> None:
-    if wrapper not in _wrappers:
-        _wrappers.append(wrapper)
+    _join(_wrappers, wrapper)
 
 
 def remove(wrapper: Wrapper) -> None:
-    if wrapper in _wrappers:
-        _wrappers.remove(wrapper)
+    _leave(_wrappers, wrapper)
+
+
+def listen(listener: Listener) -> None:
+    _join(_listeners, listener)
+
+
+def unlisten(listener: Listener) -> None:
+    _leave(_listeners, listener)
+
+
+def _join(members: list[Any], member: Any) -> None:
+    if member not in members:
+        members.append(member)
+
+
+def _leave(members: list[Any], member: Any) -> None:
+    if member in members:
+        members.remove(member)
+
+
+def recorded(job: Job, outcome: str) -> None:
+    """The worker recorded ``outcome`` ("cancelled") for ``job``: no signal reports it."""
+    for listener in _listeners:
+        listener(job, outcome)
 
 
 def around(job: Job) -> AbstractContextManager[Any] | None:

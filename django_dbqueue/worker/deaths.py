@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from django_dbqueue import signals
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Job
+from django_dbqueue.observability import hooks
 from django_dbqueue.queue import announce
 from django_dbqueue.worker import rows
 from django_dbqueue.worker.liveness import wall_time
@@ -189,7 +190,8 @@ def _record_running(remains: Remains, running: Running, others: list[int]) -> bo
     found.note_attempt(wall_time(running.started_wall))
     kill = remains.kill
     if kill is not None and kill.reason == CANCEL and kill.job_id == found.id:
-        Job.objects.cancel_claimed(remains.name, found, text)
+        if Job.objects.cancel_claimed(remains.name, found, text):
+            hooks.recorded(found, "cancelled")
         return True
     status = Job.objects.finish_failed_attempt(remains.name, found, text, error_class)
     if status is None:

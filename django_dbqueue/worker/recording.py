@@ -27,6 +27,7 @@ from django_dbqueue import signals
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import JobCancelled, RetryJob, UnregisteredTask
 from django_dbqueue.models import Job
+from django_dbqueue.observability import hooks
 from django_dbqueue.queue import announce
 from django_dbqueue.worker.connections import retry_transient
 from django_dbqueue.worker.liveness import SHOW_AFTER
@@ -226,6 +227,7 @@ class Recorder:
         with self.lock:
             self.retry(lambda: Job.objects.cancel_claimed(self.name, job, reason))
             self._release(job.id)
+        hooks.recorded(job, "cancelled")
         logger.warning(
             "Job %s (%s): %s",
             job.id,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 from io import StringIO
 
 import pytest
@@ -181,3 +183,41 @@ def test_bench_compares_a_drain_with_the_duties_idle_and_busy() -> None:
     # The busy drains really pruned: each supervisor takes its turn as it starts.
     assert result["duties_pruned_per_round"] > 0
     assert not Job.objects.exists(), "the benchmark cleans up after itself"
+
+
+def test_bench_drains_with_the_worker_metrics_served() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = StringIO()
+    # The port is taken (by the probe): refused before anything is enqueued.
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        with pytest.raises(CommandError, match=f"Cannot serve metrics on port {busy}"):
+            call_command(
+                "dbqueue_bench", "--only", "drain", "--jobs", "50", "--metrics-port", str(busy)
+            )
+    assert not Job.objects.exists()
+    # And nothing of the metrics is left set in this process.
+    assert "PROMETHEUS_MULTIPROC_DIR" not in os.environ
+    call_command(
+        "dbqueue_bench",
+        "--only",
+        "drain",
+        "--jobs",
+        "200",
+        "--workers",
+        "1",
+        "--metrics-port",
+        str(port),
+        "--json",
+        stdout=out,
+    )
+    report = json.loads(out.getvalue())
+    assert report["metrics"] is True
+    assert report["drain_per_s"] > 0
+    # The server went with the drain: its port is free again.
+    with socket.socket() as again:
+        again.bind(("0.0.0.0", port))

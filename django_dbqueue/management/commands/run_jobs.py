@@ -182,7 +182,7 @@ class Command(BaseCommand):
             )
         # Before the children are forked: they inherit the metrics and count into the
         # run's directory, which the supervisor's server reads.
-        server = _metrics_server(options["metrics_port"] or settings.METRICS_PORT)
+        server = metrics_server(options["metrics_port"] or settings.METRICS_PORT)
         try:
             # Always a supervisor, even for one process: jobs run in a child that the
             # supervisor can kill and replace, and whose leases no job's code can stall.
@@ -205,8 +205,9 @@ class Command(BaseCommand):
         return lanes
 
 
-def _metrics_server(port: int | None) -> Any:
-    """The running metrics server (observability/metrics.py), or None without a port."""
+def metrics_server(port: int | None) -> Any:
+    """The running metrics server (observability/metrics.py), or None without a port
+    (dbqueue_bench --metrics-port serves it around its drains too)."""
     if not port:
         return None
     try:
