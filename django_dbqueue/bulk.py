@@ -21,7 +21,6 @@ from typing import Any
 
 from django.db import router, transaction
 from django.db.models.base import ModelState
-from django.utils import timezone
 
 from django_dbqueue import bounds, signals
 from django_dbqueue.arguments import Call, check_call
@@ -38,7 +37,7 @@ from django_dbqueue.options import (
     Shared,
     shared_attrs,
 )
-from django_dbqueue.queue import announce
+from django_dbqueue.queue import announce, clock
 from django_dbqueue.queue.concurrency import ensure_keys
 from django_dbqueue.queue.insert import insert_columns
 
@@ -83,7 +82,7 @@ def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]], batch_size: int = 
     # The caller's iterable is read before any statement: it may query the database.
     items = jobs if isinstance(jobs, list | tuple) else list(jobs)
     with _no_cyclic_gc():
-        many = _Validated(timezone.now(), Defaults.read())
+        many = _Validated(clock.queue_now(), Defaults.read())
         if not items:
             return []
         using = router.db_for_write(Job)

@@ -15,7 +15,6 @@ from typing import Any, Unpack
 
 from django.db import OperationalError, connections, router, transaction
 from django.db.models.base import ModelState
-from django.utils import timezone
 
 from django_dbqueue import bounds, signals
 from django_dbqueue.arguments import check_call
@@ -30,7 +29,7 @@ from django_dbqueue.options import (
     check_options,
     shared_attrs,
 )
-from django_dbqueue.queue import announce
+from django_dbqueue.queue import announce, clock
 from django_dbqueue.queue.concurrency import ensure_keys
 from django_dbqueue.queue.dialects import is_deadlock
 from django_dbqueue.queue.insert import JSON_TEXT, insert_one, json_text
@@ -110,7 +109,7 @@ def build_job(
     at None take the task's ``@job`` defaults, then the ``DBQUEUE`` ones. With
     ``check_task`` off, ``task`` is a path the caller has checked itself.
     """
-    now = now or timezone.now()
+    now = now or clock.queue_now()
     defaults = defaults or Defaults.read()
     shared = check_shared(task, defaults, given, backend=backend, check_task=check_task)
     # The options checked for each job (options.PER_JOB_NAMES), each in its own way.
@@ -199,7 +198,7 @@ def _insert(job: Job, using: str) -> tuple[Job, bool]:
     values = job.__dict__
     text = json_text(job)
     unique = job.unique_key is not None
-    due = job.run_after <= timezone.now()
+    due = job.run_after <= clock.now(using)
     notify = announce.notify_args(conn, job.queue) if due else None
     notified_at = time.monotonic()  # before the INSERT that carries the pg_notify
     # Outside a caller's transaction a deadlock between inserts of the same key (InnoDB

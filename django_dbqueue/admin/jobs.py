@@ -17,7 +17,6 @@ from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
-from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
@@ -36,6 +35,7 @@ from django_dbqueue.admin.scheduling import dashboard_context
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Job
 from django_dbqueue.options import COLUMNS
+from django_dbqueue.queue import clock
 
 if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[Job]
@@ -330,7 +330,7 @@ class JobAdmin(JobOperations, _ModelAdmin):
     def dashboard_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied("Viewing jobs is required for the dashboard.")
-        now = timezone.now()
+        now = clock.queue_now()
         context = {
             **self.admin_site.each_context(request),
             "title": "Job queue dashboard",

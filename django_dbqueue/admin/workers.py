@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 from django.contrib import admin
 from django.http import HttpRequest
 from django.urls import reverse
-from django.utils import timezone
 from django.utils.html import format_html
 
 from django_dbqueue.admin import dashboard
 from django_dbqueue.models import WorkerProcess
+from django_dbqueue.queue import clock
 
 if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[WorkerProcess]
@@ -34,6 +34,7 @@ class WorkerAdmin(_ModelAdmin):
         "running_since",
         "queues",
         "heartbeat_at",
+        "clock_offset",
         "alive",
         "jobs_done",
         "jobs_failed",
@@ -52,6 +53,7 @@ class WorkerAdmin(_ModelAdmin):
         "queues",
         "started_at",
         "heartbeat_at",
+        "clock_offset",
         "jobs_done",
         "jobs_failed",
         "stopping",
@@ -60,7 +62,7 @@ class WorkerAdmin(_ModelAdmin):
 
     @admin.display(boolean=True, description="alive")
     def alive(self, worker: WorkerProcess) -> bool:
-        return dashboard.is_alive(worker, timezone.now())
+        return dashboard.is_alive(worker, clock.queue_now())
 
     @admin.display(description="running job", ordering="running_job_id")
     def running_job(self, worker: WorkerProcess) -> str:
