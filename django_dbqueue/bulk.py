@@ -24,7 +24,7 @@ from django.db.models.base import ModelState
 
 from django_dbqueue import bounds, signals
 from django_dbqueue.arguments import Call, check_call
-from django_dbqueue.enqueueing import check_shared, new_job
+from django_dbqueue.enqueueing import check_shared, check_transaction, new_job
 from django_dbqueue.exceptions import InvalidJob
 from django_dbqueue.models import Job
 from django_dbqueue.observability import tracing
@@ -86,6 +86,7 @@ def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]], batch_size: int = 
         if not items:
             return []
         using = router.db_for_write(Job)
+        check_transaction(using)
         created: list[Job] = []
         with transaction.atomic(using=using):
             # Each batch is validated before its INSERT (on MariaDB, while the one before

@@ -7,6 +7,7 @@ The options are defined in ``options.py``, a call's arguments are checked in
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import partial
@@ -18,7 +19,8 @@ from django.db.models.base import ModelState
 
 from django_dbqueue import bounds, signals
 from django_dbqueue.arguments import check_call
-from django_dbqueue.exceptions import InvalidJob
+from django_dbqueue.conf import settings
+from django_dbqueue.exceptions import CrossDatabaseEnqueue, CrossDatabaseEnqueueWarning, InvalidJob
 from django_dbqueue.models import Job
 from django_dbqueue.observability import tracing
 from django_dbqueue.options import (
@@ -175,6 +177,7 @@ def save_job(job: Job) -> tuple[Job, bool]:
     sent when the surrounding transaction commits.
     """
     using = router.db_for_write(Job)
+    check_transaction(using)
     if job.concurrency_key is not None:
         ensure_keys(using, [job.concurrency_key])
     job.trace_context = tracing.current_traceparent()
@@ -182,6 +185,31 @@ def save_job(job: Job) -> tuple[Job, bool]:
     if created:
         transaction.on_commit(partial(_committed, [saved], using), using=using)
     return saved, created
+
+
+def check_transaction(using: str) -> None:
+    """Say so when the caller is inside a transaction of another database than the
+    queue's ``using``: the job is committed on its own, whether that transaction commits
+    or rolls back (``DBQUEUE['CROSS_DATABASE_ENQUEUE']``: warn, raise or ignore)."""
+    mode = settings.CROSS_DATABASE_ENQUEUE
+    if mode == "ignore" or connections[using].in_atomic_block:
+        return
+    others = [
+        conn.alias
+        for conn in connections.all(initialized_only=True)
+        if conn.alias != using and conn.in_atomic_block
+    ]
+    if not others:
+        return
+    message = (
+        f"enqueue() inside a transaction of database {others[0]!r}, but the queue is in "
+        f"{using!r}: the job is committed now, and stays if that transaction rolls back. "
+        f"Enqueue in transaction.on_commit(..., using={others[0]!r}) or inside "
+        f"atomic(using={using!r}) (docs/databases.md)."
+    )
+    if mode == "raise":
+        raise CrossDatabaseEnqueue(message)
+    warnings.warn(message, CrossDatabaseEnqueueWarning, stacklevel=4)
 
 
 def _committed(jobs: list[Job], using: str) -> None:

@@ -8,9 +8,11 @@ each compares times written by different hosts, so each uses this clock.
 Reading the server's clock on every comparison would cost a round trip each time. So a
 process reads it once (:data:`REFRESH` seconds at most, or when a caller asks for a
 fresh reading) and runs it forward with its own monotonic clock, which a host's
-wall-clock jumps (NTP steps, an operator's ``date -s``) do not move. The reading is
-taken as if made when the answer arrived, so the time given is never earlier than the
-server's and later by at most the round trip of that one ``SELECT``.
+wall-clock jumps (NTP steps, an operator's ``date -s``) do not move. The server's answer
+is taken as the time when the question was sent (the server read its clock later than
+that), so the time given is never earlier than the server's, and later by at most the
+round trip of that one ``SELECT``: a job may be claimed that much before its
+``run_after``, as a claim's statement always could be on its way.
 
 SQLite has no server: its ``CURRENT_TIMESTAMP`` is the host's clock, and with SQLite
 there is only one host, so the clock is ``timezone.now()``.
@@ -38,7 +40,7 @@ class Reading(NamedTuple):
     """One reading of the database's clock."""
 
     at: datetime  # the server's time, aware, UTC
-    monotonic: float  # this process's monotonic clock when the answer arrived
+    monotonic: float  # this process's monotonic clock when the question was sent
     offset: float  # seconds the database's clock is ahead of this host's (negative: behind)
 
 
@@ -54,11 +56,11 @@ def read(using: str) -> Reading:
         reading = Reading(host, time.monotonic(), 0.0)
     else:
         with conn.cursor() as cursor:
+            asked, host_time = time.monotonic(), time.time()
             cursor.execute(sql)
             value = cursor.fetchone()[0]
-        arrived, host_time = time.monotonic(), time.time()
         at = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-        reading = Reading(at, arrived, at.timestamp() - host_time)
+        reading = Reading(at, asked, at.timestamp() - host_time)
     _readings[using] = reading
     return reading
 

@@ -163,7 +163,7 @@ class DBQueueBackend(BaseTaskBackend):
         from django_dbqueue.models import Job
 
         try:
-            job = Job.objects.get(pk=int(result_id))
+            job = Job.objects.primary().get(pk=int(result_id))
         except (TypeError, ValueError, OverflowError):
             raise TaskResultDoesNotExist(
                 f"{result_id!r} is not a task result id of {type(self).__name__} (a job id)."
