@@ -51,14 +51,17 @@ def register(
     SQLite upgrade a read transaction to a write one, which fails at once with "database
     is locked" when another process wrote in between, instead of waiting its turn.
     """
+    using = router.db_for_write(WorkerProcess)
+    now = clock.now(using)  # the database's time, as every later heartbeat
     fields: dict[str, Any] = {
         "host": socket.gethostname(),
         "pid": pid,
         "role": role,
         "supervisor": supervisor,
         "queues": queues,
+        "started_at": now,
+        "heartbeat_at": now,
     }
-    using = router.db_for_write(WorkerProcess)
     rows = WorkerProcess.objects.using(using)
     try:
         with transaction.atomic(using=using):
