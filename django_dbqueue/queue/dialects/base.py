@@ -57,6 +57,8 @@ class Dialect:
     #: "" where the database has no server (SQLite: the host's clock is the only one).
     #: Not CURRENT_TIMESTAMP: PostgreSQL's is the start of the transaction.
     clock_sql: ClassVar[str] = ""
+    #: The statement that reads the server's connection limit, or "" (SQLite).
+    max_connections_sql: ClassVar[str] = ""
 
     def array(self, kind: str) -> str:
         """The placeholder of one array parameter of SQL type ``kind`` (``lateral_arrays``)."""

@@ -32,6 +32,7 @@ class PostgreSQL(Dialect):
     json_placeholder: ClassVar[str] = "%s::jsonb"
     # The time now, not the transaction's start (now(), CURRENT_TIMESTAMP).
     clock_sql: ClassVar[str] = "SELECT clock_timestamp()"
+    max_connections_sql: ClassVar[str] = "SHOW max_connections"
 
     def array(self, kind: str) -> str:
         return f"%s::{kind}[]"
