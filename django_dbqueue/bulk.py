@@ -22,11 +22,10 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import router, transaction
 from django.db.models.base import ModelState
-from django.utils import timezone
 
 from django_dbqueue import bounds, signals
 from django_dbqueue.arguments import Call, check_call
-from django_dbqueue.enqueueing import check_shared, new_job, refuse_event_loop
+from django_dbqueue.enqueueing import check_shared, check_transaction, new_job, refuse_event_loop
 from django_dbqueue.exceptions import InvalidJob
 from django_dbqueue.models import Job
 from django_dbqueue.observability import tracing
@@ -39,7 +38,7 @@ from django_dbqueue.options import (
     Shared,
     shared_attrs,
 )
-from django_dbqueue.queue import announce
+from django_dbqueue.queue import announce, clock
 from django_dbqueue.queue.concurrency import ensure_keys
 from django_dbqueue.queue.insert import insert_columns
 
@@ -85,10 +84,11 @@ def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]], batch_size: int = 
     # The caller's iterable is read before any statement: it may query the database.
     items = jobs if isinstance(jobs, list | tuple) else list(jobs)
     with _no_cyclic_gc():
-        many = _Validated(timezone.now(), Defaults.read())
+        many = _Validated(clock.queue_now(), Defaults.read())
         if not items:
             return []
         using = router.db_for_write(Job)
+        check_transaction(using)
         created: list[Job] = []
         with transaction.atomic(using=using):
             # Each batch is validated before its INSERT (on MariaDB, while the one before

@@ -15,7 +15,15 @@ from django_dbqueue import bounds, registry
 from django_dbqueue.conf import DEFAULTS, settings
 from django_dbqueue.exceptions import InvalidJob
 from django_dbqueue.locks.named import BACKENDS, RELEASE_MODES
-from django_dbqueue.models import Counter, Job
+from django_dbqueue.models import (
+    ConcurrencyKey,
+    Counter,
+    Duty,
+    Job,
+    QueueState,
+    ScheduleTick,
+    WorkerProcess,
+)
 from django_dbqueue.queue.dialects.galera import RECOMMENDED, node_settings, wsrep_on
 from django_dbqueue.scheduling.checks import check_schedules
 
@@ -58,6 +66,42 @@ def check_queue_settings(**kwargs: Any) -> list[checks.CheckMessage]:
                 hint=f"Set LEASE_TIMEOUT to at least 3x HEARTBEAT_INTERVAL "
                 f"({float(beat) * HEARTBEATS_PER_LEASE:g} or more), or lower HEARTBEAT_INTERVAL.",
                 id="django_dbqueue.E003",
+            )
+        )
+    return errors
+
+
+QUEUE_MODELS = (Job, WorkerProcess, QueueState, ScheduleTick, Duty, ConcurrencyKey)
+CROSS_DATABASE_MODES = ("warn", "raise", "ignore")
+
+
+def check_queue_reads(**kwargs: Any) -> list[checks.CheckMessage]:
+    """E005: a router sends the queue tables' reads to another alias than their writes
+    (a replica): pauses, cancellations and a dead child's jobs would be read from the
+    past. E006: CROSS_DATABASE_ENQUEUE is not one of its modes."""
+    errors: list[checks.CheckMessage] = []
+    safe = set(settings.SAFE_READ_ALIASES or [])
+    for model in QUEUE_MODELS:
+        read, write = router.db_for_read(model), router.db_for_write(model)
+        if read != write and read not in safe:
+            errors.append(
+                checks.Error(
+                    f"The database router sends reads of {model._meta.label} to {read!r} "
+                    f"and its writes to {write!r}. A replica that lags would keep paused "
+                    "queues running, miss cancellations and leave a dead worker's jobs "
+                    "waiting for their lease.",
+                    hint=f"Route the queue's tables to {write!r} for reads too, or, if "
+                    f"{read!r} never lags behind it, add it to DBQUEUE['SAFE_READ_ALIASES'].",
+                    obj=model,
+                    id="django_dbqueue.E005",
+                )
+            )
+    if settings.CROSS_DATABASE_ENQUEUE not in CROSS_DATABASE_MODES:
+        errors.append(
+            checks.Error(
+                "DBQUEUE['CROSS_DATABASE_ENQUEUE'] must be one of "
+                f"{', '.join(CROSS_DATABASE_MODES)}.",
+                id="django_dbqueue.E006",
             )
         )
     return errors
@@ -363,6 +407,7 @@ def register() -> None:
     """Register the checks (AppConfig.ready() calls this once)."""
     checks.register(check_setting_names, "django_dbqueue")
     checks.register(check_queue_settings, "django_dbqueue")
+    checks.register(check_queue_reads, "django_dbqueue")
     checks.register(check_task_settings, "django_dbqueue")
     checks.register(check_lock_settings, "django_dbqueue")
     checks.register(check_scheduled_tasks, "django_dbqueue")

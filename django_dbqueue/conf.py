@@ -62,6 +62,12 @@ DEFAULTS: dict[str, Any] = {
     # Redis channel when WAKEUP_REDIS_ALIAS names a django-redis cache; else polling.
     "WAKEUP": True,
     "WAKEUP_REDIS_ALIAS": None,
+    # Database aliases a router may send the queue tables' reads to (check E005 refuses
+    # others): only aliases that never lag behind the one the router writes to.
+    "SAFE_READ_ALIASES": [],
+    # enqueue() inside an atomic() of another alias than the queue's (whose rollback
+    # would not take the job back): "warn", "raise" or "ignore".
+    "CROSS_DATABASE_ENQUEUE": "warn",
     # Retention: finished jobs older than this (seconds or timedelta; None keeps them) are
     # deleted by the workers, by primary key in small batches. Keys: done, failed,
     # cancelled; a key left out keeps its default (see queue/retention.py).

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import partial
@@ -19,11 +20,11 @@ from typing import Any, Unpack
 from asgiref.sync import sync_to_async
 from django.db import OperationalError, connections, router, transaction
 from django.db.models.base import ModelState
-from django.utils import timezone
 
 from django_dbqueue import bounds, signals
 from django_dbqueue.arguments import check_call
-from django_dbqueue.exceptions import InvalidJob
+from django_dbqueue.conf import settings
+from django_dbqueue.exceptions import CrossDatabaseEnqueue, CrossDatabaseEnqueueWarning, InvalidJob
 from django_dbqueue.models import Job
 from django_dbqueue.observability import tracing
 from django_dbqueue.options import (
@@ -34,7 +35,7 @@ from django_dbqueue.options import (
     check_options,
     shared_attrs,
 )
-from django_dbqueue.queue import announce
+from django_dbqueue.queue import announce, clock
 from django_dbqueue.queue.concurrency import ensure_keys
 from django_dbqueue.queue.dialects import is_deadlock
 from django_dbqueue.queue.insert import JSON_TEXT, insert_one, json_text
@@ -115,7 +116,7 @@ def build_job(
     at None take the task's ``@job`` defaults, then the ``DBQUEUE`` ones. With
     ``check_task`` off, ``task`` is a path the caller has checked itself.
     """
-    now = now or timezone.now()
+    now = now or clock.queue_now()
     defaults = defaults or Defaults.read()
     shared = check_shared(task, defaults, given, backend=backend, check_task=check_task)
     # The options checked for each job (options.PER_JOB_NAMES), each in its own way.
@@ -210,6 +211,7 @@ def save_job(job: Job) -> tuple[Job, bool]:
     sent when the surrounding transaction commits.
     """
     using = router.db_for_write(Job)
+    check_transaction(using)
     if job.concurrency_key is not None:
         ensure_keys(using, [job.concurrency_key])
     job.trace_context = tracing.current_traceparent()
@@ -217,6 +219,31 @@ def save_job(job: Job) -> tuple[Job, bool]:
     if created:
         transaction.on_commit(partial(_committed, [saved], using), using=using)
     return saved, created
+
+
+def check_transaction(using: str) -> None:
+    """Say so when the caller is inside a transaction of another database than the
+    queue's ``using``: the job is committed on its own, whether that transaction commits
+    or rolls back (``DBQUEUE['CROSS_DATABASE_ENQUEUE']``: warn, raise or ignore)."""
+    mode = settings.CROSS_DATABASE_ENQUEUE
+    if mode == "ignore" or connections[using].in_atomic_block:
+        return
+    others = [
+        conn.alias
+        for conn in connections.all(initialized_only=True)
+        if conn.alias != using and conn.in_atomic_block
+    ]
+    if not others:
+        return
+    message = (
+        f"enqueue() inside a transaction of database {others[0]!r}, but the queue is in "
+        f"{using!r}: the job is committed now, and stays if that transaction rolls back. "
+        f"Enqueue in transaction.on_commit(..., using={others[0]!r}) or inside "
+        f"atomic(using={using!r}) (docs/databases.md)."
+    )
+    if mode == "raise":
+        raise CrossDatabaseEnqueue(message)
+    warnings.warn(message, CrossDatabaseEnqueueWarning, stacklevel=4)
 
 
 def _committed(jobs: list[Job], using: str) -> None:
@@ -233,7 +260,7 @@ def _insert(job: Job, using: str) -> tuple[Job, bool]:
     values = job.__dict__
     text = json_text(job)
     unique = job.unique_key is not None
-    due = job.run_after <= timezone.now()
+    due = job.run_after <= clock.now(using)
     notify = announce.notify_args(conn, job.queue) if due else None
     notified_at = time.monotonic()  # before the INSERT that carries the pg_notify
     # Outside a caller's transaction a deadlock between inserts of the same key (InnoDB

@@ -40,6 +40,16 @@ class JobCancelled(BaseException):
     """Raised inside a running job whose cancellation an operator requested."""
 
 
+class CrossDatabaseEnqueue(DBQueueError):
+    """enqueue() inside a transaction of another database than the queue's (with
+    ``DBQUEUE['CROSS_DATABASE_ENQUEUE'] = "raise"``): that transaction's rollback would
+    not take the job back."""
+
+
+class CrossDatabaseEnqueueWarning(RuntimeWarning):
+    """The same, with the default ``"warn"``."""
+
+
 class ActionConflict(DBQueueError):
     """An operator action (requeue, cancel, run now, delete) kept running into other
     writers (deadlocks, lock wait timeouts) after its retries. The statement that failed

@@ -164,6 +164,12 @@ class WorkerProcess(models.Model):
         null=True, blank=True, help_text="The job it is running (once it has run for a moment)."
     )
     running_since = models.DateTimeField(null=True, blank=True)
+    clock_offset = models.FloatField(
+        null=True,
+        blank=True,
+        help_text="Seconds the database's clock was ahead of this host's at the last "
+        "heartbeat (negative: behind). The queue uses the database's clock only.",
+    )
 
     class Meta:
         db_table = "dbqueue_worker"

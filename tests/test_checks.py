@@ -11,7 +11,7 @@ from django.conf import settings
 from django.core import checks
 from django.test import override_settings
 
-from django_dbqueue.checks import check_queue_settings, check_setting_names
+from django_dbqueue.checks import check_queue_reads, check_queue_settings, check_setting_names
 from django_dbqueue.conf import DEFAULTS
 from tests.support import ROOT
 
@@ -116,3 +116,31 @@ def test_lease_of_three_heartbeats_passes() -> None:
     assert messages(check_queue_settings, LEASE_TIMEOUT=60, HEARTBEAT_INTERVAL=20) == []
     # 3 * 0.1 is 0.30000000000000004 in floating point: still three heartbeats.
     assert messages(check_queue_settings, LEASE_TIMEOUT=0.3, HEARTBEAT_INTERVAL=0.1) == []
+
+
+class ReplicaReads:
+    """A read/write router that sends every read to "replica"."""
+
+    def db_for_read(self, model: Any, **hints: Any) -> str:
+        return "replica"
+
+    def db_for_write(self, model: Any, **hints: Any) -> str:
+        return "default"
+
+
+def test_a_router_that_reads_the_queue_from_a_replica_is_an_error() -> None:
+    with override_settings(DATABASE_ROUTERS=[f"{__name__}.ReplicaReads"]):
+        found = messages(check_queue_reads)
+        assert {id for id, _, _ in found} == {"django_dbqueue.E005"}
+        assert len(found) == 6  # each queue model, named
+        assert any("django_dbqueue.QueueState" in text for _, text, _ in found)
+        assert all("SAFE_READ_ALIASES" in hint for _, _, hint in found)
+        assert messages(check_queue_reads, SAFE_READ_ALIASES=["replica"]) == []
+    assert messages(check_queue_reads) == []
+
+
+def test_an_unknown_cross_database_enqueue_mode_is_an_error() -> None:
+    found = messages(check_queue_reads, CROSS_DATABASE_ENQUEUE="shout")
+    assert [id for id, _, _ in found] == ["django_dbqueue.E006"]
+    for mode in ("warn", "raise", "ignore"):
+        assert messages(check_queue_reads, CROSS_DATABASE_ENQUEUE=mode) == []

@@ -25,6 +25,7 @@ from django.urls import reverse
 
 from django_dbqueue import enqueue, enqueue_many
 from django_dbqueue.checks import check_lock_settings
+from django_dbqueue.exceptions import CrossDatabaseEnqueue, CrossDatabaseEnqueueWarning
 from django_dbqueue.locks import named_lock, next_counter_value
 from django_dbqueue.models import Counter, Job, QueueState, WorkerProcess
 from django_dbqueue.worker import wakeup
@@ -131,17 +132,31 @@ def test_django_tasks_enqueue_and_read_back_through_the_queue_database() -> None
 def test_a_rollback_on_default_does_not_undo_the_job() -> None:
     with pytest.raises(RuntimeError), transaction.atomic():
         Execution.objects.create(key="order", pid=0)
-        job = enqueue(jobs.add, args=[1, 2])
+        with pytest.warns(CrossDatabaseEnqueueWarning, match="stays if that transaction"):
+            job = enqueue(jobs.add, args=[1, 2])
         raise RuntimeError("the app's transaction rolls back")
     assert not Execution.objects.exists(), "the app's row is gone"
     assert job_ids_in("queue") == [job.pk], "the job is not"
 
 
 def test_a_job_enqueued_in_a_transaction_on_default_is_visible_before_it_commits() -> None:
-    with transaction.atomic():
+    with transaction.atomic(), pytest.warns(CrossDatabaseEnqueueWarning):
         job = enqueue(jobs.add, args=[1, 2])
         seen = in_another_thread(lambda: Job.objects.filter(pk=job.pk).exists())
         assert seen, "a worker can claim the job before the app's transaction commits"
+
+
+def test_enqueue_in_another_databases_transaction_can_be_refused() -> None:
+    with override_settings(DBQUEUE={**settings.DBQUEUE, "CROSS_DATABASE_ENQUEUE": "raise"}):
+        with pytest.raises(CrossDatabaseEnqueue), transaction.atomic():
+            enqueue(jobs.add, args=[1, 2])
+        with pytest.raises(CrossDatabaseEnqueue), transaction.atomic():
+            enqueue_many([{"task": jobs.add, "args": [3, 4]}])
+    assert job_ids_in("queue") == [], "nothing written"
+    with override_settings(DBQUEUE={**settings.DBQUEUE, "CROSS_DATABASE_ENQUEUE": "ignore"}):
+        with transaction.atomic():
+            enqueue(jobs.add, args=[1, 2])
+    assert len(job_ids_in("queue")) == 1
 
 
 def test_atomic_on_the_queue_database_covers_enqueue() -> None:
@@ -328,7 +343,7 @@ def test_workers_hear_jobs_when_the_queue_database_commits() -> None:
             assert listener.wait(5.0)
             # Past the window in which a process announces the same queue only once.
             time.sleep(wakeup.COALESCE * 2)
-            with transaction.atomic():
+            with transaction.atomic(), pytest.warns(CrossDatabaseEnqueueWarning):
                 enqueue(jobs.noop, queue=queue)
                 assert listener.wait(5.0), "the default database's transaction does not hold it"
         finally:

@@ -44,5 +44,5 @@ def apply_in_chunks(
     selected, results = 0, []
     for chunk in pk_chunks(queryset):
         selected += len(chunk)
-        results.append(operation(Job.objects.filter(pk__in=chunk)))
+        results.append(operation(Job.objects.primary().filter(pk__in=chunk)))
     return selected, results

@@ -12,10 +12,10 @@ from typing import Any
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
-from django.utils import timezone
 
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Job
+from django_dbqueue.queue import clock
 from django_dbqueue.queue.actions import finished_with
 
 BIGINT_MAX = 2**63 - 1  # the largest value of a BigAutoField, on every database
@@ -91,5 +91,5 @@ class FailedSinceFilter(admin.SimpleListFilter):
             # An unknown period matches nothing: ignoring it would widen the selection,
             # and "select all" + delete would then delete every job.
             return queryset.none()
-        since = timezone.now() - period
+        since = clock.queue_now() - period
         return finished_with(queryset, Job.Status.FAILED).filter(finished_at__gte=since)

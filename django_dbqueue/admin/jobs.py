@@ -17,7 +17,6 @@ from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
-from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.views.decorators.http import require_POST
@@ -37,6 +36,7 @@ from django_dbqueue.admin.scheduling import dashboard_context
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Job
 from django_dbqueue.options import COLUMNS
+from django_dbqueue.queue import clock
 
 if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[Job]
@@ -223,7 +223,7 @@ class JobAdmin(JobOperations, _ModelAdmin):
         if started and job.finished_at:
             return f"{(job.finished_at - started).total_seconds():.3f} s"
         if started and job.status == Job.Status.CLAIMED:
-            return f"running for {(timezone.now() - started).total_seconds():.0f} s"
+            return f"running for {(clock.queue_now() - started).total_seconds():.0f} s"
         return "-"
 
     # -- who sees arguments and results -------------------------------------------------
@@ -358,7 +358,7 @@ class JobAdmin(JobOperations, _ModelAdmin):
     def dashboard_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied("Viewing jobs is required for the dashboard.")
-        now = timezone.now()
+        now = clock.queue_now()
         tasks = figures.task_figures(now)
         context = {
             **page_context(self, request, "Job queue dashboard"),

@@ -193,7 +193,9 @@ class JobOperations(SchedulingAdmin, _Base):
 
 
 def _requeue_one(job: Job, operation: str) -> tuple[int, str]:
-    report = Job.objects.filter(pk=job.pk).requeue_report(run_now=operation == "requeue_now")
+    report = (
+        Job.objects.primary().filter(pk=job.pk).requeue_report(run_now=operation == "requeue_now")
+    )
     if report.requeued:
         return messages.SUCCESS, f"Job #{job.pk} requeued."
     if report.key_held:
@@ -205,7 +207,7 @@ def _requeue_one(job: Job, operation: str) -> tuple[int, str]:
 
 
 def _cancel_one(job: Job, operation: str) -> tuple[int, str]:
-    cancelled, asked = Job.objects.filter(pk=job.pk).cancel()
+    cancelled, asked = Job.objects.primary().filter(pk=job.pk).cancel()
     if cancelled:
         return messages.SUCCESS, f"Job #{job.pk} cancelled."
     if asked:
@@ -219,7 +221,7 @@ def _cancel_one(job: Job, operation: str) -> tuple[int, str]:
 
 
 def _run_one_now(job: Job, operation: str) -> tuple[int, str]:
-    if Job.objects.filter(pk=job.pk).run_now():
+    if Job.objects.primary().filter(pk=job.pk).run_now():
         return messages.SUCCESS, f"Job #{job.pk} will run as soon as a worker is free."
     return messages.ERROR, (
         f"Job #{job.pk} is {job.refresh_status()}: only queued jobs can be run now."

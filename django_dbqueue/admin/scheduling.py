@@ -15,7 +15,6 @@ from django.db.models import Max
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from django_dbqueue.admin.pages import page_context
@@ -23,7 +22,7 @@ from django_dbqueue.conf import settings
 from django_dbqueue.enqueueing import enqueue
 from django_dbqueue.exceptions import InvalidJob, ScheduleError
 from django_dbqueue.models import Job, ScheduleTick
-from django_dbqueue.queue import pausing
+from django_dbqueue.queue import clock, pausing
 from django_dbqueue.queue.dialects import estimated_rows
 from django_dbqueue.scheduling.recurring import Schedule
 from django_dbqueue.scheduling.sources import all_schedules
@@ -100,7 +99,7 @@ def enqueue_schedule_now(name: str) -> Job:
             schedule.task, list(schedule.args), dict(schedule.kwargs), **schedule.enqueue_options()
         )
         ScheduleTick.objects.using(using).create(
-            schedule=name, tick_at=timezone.now(), job_id=job.pk
+            schedule=name, tick_at=clock.now(using), job_id=job.pk
         )
     return job
 
@@ -164,7 +163,7 @@ class SchedulingAdmin(_Base):
             raise PermissionDenied("Viewing jobs is required to see the schedules.")
         error, rows = "", []
         try:
-            rows = schedule_rows(timezone.now())
+            rows = schedule_rows(clock.queue_now())
         except ScheduleError as exc:
             error = str(exc)
         context = {

@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 from django.contrib import admin
 from django.http import HttpRequest
 from django.urls import reverse
-from django.utils import timezone
 from django.utils.html import format_html
 
 from django_dbqueue.admin import dashboard
 from django_dbqueue.admin.pages import time_column
 from django_dbqueue.models import WorkerProcess
+from django_dbqueue.queue import clock
 
 if TYPE_CHECKING:
     _ModelAdmin = admin.ModelAdmin[WorkerProcess]
@@ -50,6 +50,7 @@ class WorkerAdmin(_ModelAdmin):
         "queues",
         "started_at_time",
         "heartbeat_at_time",
+        "clock_offset",
         "jobs_done",
         "jobs_failed",
         "stopping",
@@ -63,7 +64,7 @@ class WorkerAdmin(_ModelAdmin):
 
     @admin.display(boolean=True, description="alive")
     def alive(self, worker: WorkerProcess) -> bool:
-        return dashboard.is_alive(worker, timezone.now())
+        return dashboard.is_alive(worker, clock.queue_now())
 
     @admin.display(description="done", ordering="jobs_done")
     def done(self, worker: WorkerProcess) -> int:
@@ -85,7 +86,7 @@ class WorkerAdmin(_ModelAdmin):
         link = format_html('<a href="{}">#{}</a>', url, worker.running_job_id)
         if worker.running_since is None:
             return link
-        running = dashboard.humanize(timezone.now() - worker.running_since)
+        running = dashboard.humanize(clock.queue_now() - worker.running_since)
         stopping = ", stopping" if worker.stopping else ""
         return format_html("{} for {}{}", link, running, stopping)
 

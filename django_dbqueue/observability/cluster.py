@@ -15,14 +15,13 @@ from datetime import datetime
 
 from django.db import router
 from django.db.models import Count
-from django.utils import timezone
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Job, WorkerProcess
-from django_dbqueue.queue import counts
+from django_dbqueue.queue import clock, counts
 from django_dbqueue.queue.leases import alive_since
 from django_dbqueue.queue.pausing import paused_queues
 
@@ -81,7 +80,7 @@ def _workers(using: str, now: datetime) -> Metric:
 
 class ClusterCollector(Collector):
     def collect(self) -> Iterable[Metric]:
-        return families(timezone.now())
+        return families(clock.queue_now())
 
 
 class Cache:

@@ -17,11 +17,10 @@ from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError, connections, router
-from django.utils import timezone
 
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Job, WorkerProcess
-from django_dbqueue.queue import counts
+from django_dbqueue.queue import clock, counts
 from django_dbqueue.queue.schema import schema_problem
 
 
@@ -63,7 +62,7 @@ def check(
             if problem:
                 report.problems.append(problem)
                 return report
-        now = timezone.now()
+        now = clock.now(using)
         if not ready:
             _supervisor(report, using, host or socket.gethostname(), now, max_heartbeat_age)
         if max_lag is not None:

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import IntegrityError, connections, models, router, transaction
 from django.db.models import Case, F, Value, When
-from django.utils import timezone
 
+from django_dbqueue.queue import clock
 from django_dbqueue.queue.claim import CLAIM_ORDER
 from django_dbqueue.queue.concurrency import PARKED_UNTIL
 from django_dbqueue.queue.conflicts import retry_conflicts
@@ -71,7 +71,7 @@ class JobQuerySet(models.QuerySet["Job"]):
     def runnable(
         self, queues: Sequence[str] | None = None, now: datetime | None = None
     ) -> JobQuerySet:
-        qs = self.filter(status=QUEUED, run_after__lte=now or timezone.now())
+        qs = self.filter(status=QUEUED, run_after__lte=now or clock.now(self._write_db()))
         if queues:
             qs = qs.filter(queue__in=list(queues))
         return qs.order_by(*CLAIM_ORDER)
@@ -118,7 +118,7 @@ class JobQuerySet(models.QuerySet["Job"]):
             "last_attempted_at": None,
             "finished_at": None,
         }
-        now = timezone.now()
+        now = clock.now(self._write_db())
         # A job cancelled while parked over its key's limit still has run_after in year
         # 9000, and no key flag would ever release it: it runs now (the claim parks it
         # again if its key is full).
@@ -166,8 +166,8 @@ class JobQuerySet(models.QuerySet["Job"]):
         locked first so none moves between "queued" and "claimed" between the two writes
         (a job retried back to the queue in between would otherwise escape both).
         """
-        now = timezone.now()
         locked = self.select_for_update().filter(status__in=[QUEUED, CLAIMED])
+        now = clock.now(locked.db)
 
         def cancel_locked() -> tuple[int, int]:
             with write_transaction(locked.db):  # select_for_update() routes it for writing
@@ -185,7 +185,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         """Make queued jobs runnable at once (their ``run_after`` becomes now)."""
         queued = self.using(self._write_db()).filter(status=QUEUED)
         return retry_conflicts(
-            queued.db, "run now", lambda: queued.update(run_after=timezone.now())
+            queued.db, "run now", lambda: queued.update(run_after=clock.now(queued.db))
         )
 
     def delete_unclaimed(self) -> int:

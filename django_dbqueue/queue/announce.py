@@ -53,9 +53,9 @@ from typing import Any, NamedTuple
 from django.apps import apps
 from django.db import connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.utils import timezone
 
 from django_dbqueue.conf import PerSettings, settings
+from django_dbqueue.queue import clock
 from django_dbqueue.queue.breaker import CircuitBreaker, bounded_redis
 from django_dbqueue.queue.dialects import dialect
 
@@ -234,7 +234,7 @@ def jobs_committed(jobs: Sequence[Any], using: str) -> None:
         if woken is not None:  # its INSERT's pg_notify went out with the commit
             _note_announced(("postgres", using, job.queue), woken)
             continue
-        now = now or timezone.now()
+        now = now or clock.now(using)
         if job.run_after <= now:
             due.add(job.queue)
     if due:

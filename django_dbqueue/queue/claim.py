@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.utils import timezone
 
+from django_dbqueue.queue import clock
 from django_dbqueue.queue.concurrency import admit, release_parked
 from django_dbqueue.queue.dialects import (
     dialect,
@@ -78,7 +78,7 @@ def _claim(
     conn = connections[using]
     if not locking:
         for _ in range(3):
-            now = timezone.now()
+            now = clock.now(using)
             with write_transaction(using):
                 candidates = _candidate_ids(model, conn, queue_list, now, batch_size, [])
                 locked = _lock_ids(model, using, candidates, now, False)
@@ -91,7 +91,7 @@ def _claim(
         return _claim_along_index(model, using, owner, batch_size, queue_list[0])
     taken: list[int] = []
     for _ in range(3):
-        now = timezone.now()
+        now = clock.now(using)
         # Twice the batch: the second half is what to lock when another claimer, which
         # read the same candidates a moment before, holds or has taken the first.
         candidates = _candidate_ids(model, conn, queue_list, now, 2 * batch_size, taken)
@@ -130,7 +130,7 @@ def _claim_along_index(
     (Several queues need candidate ids first: a locking read cannot go through their
     UNION ALL.)"""
     for _ in range(3):
-        now = timezone.now()
+        now = clock.now(using)
         read = partial(_lock_next, model, using, queue, batch_size)
         locked, jobs = _take(model, using, owner, now, read)
         if jobs or not locked:

@@ -27,8 +27,8 @@ from django.apps import apps
 from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Exists, OuterRef
-from django.utils import timezone
 
+from django_dbqueue.queue import clock
 from django_dbqueue.queue.dialects import dialect, key_position, write_transaction
 from django_dbqueue.status import CLAIMED, QUEUED
 
@@ -264,7 +264,7 @@ def _release_keys(model: type[Job], using: str, keys: list[str], lock: bool) -> 
             cleared.append(key)
     with conn.cursor() as cursor:
         if released:
-            now = model._meta.get_field("run_after").get_db_prep_value(timezone.now(), conn)
+            now = model._meta.get_field("run_after").get_db_prep_value(clock.now(using), conn)
             id_sql, id_params = speaks.ids_in(conn, qn("id"), [row[1] for row in released])
             cursor.execute(
                 f"UPDATE {table} SET {qn('run_after')} = %s "  # noqa: S608

@@ -15,10 +15,9 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections
 from django.db.models import DateTimeField, F, Value
 from django.db.models.functions import Coalesce
-from django.utils import timezone
 
 from django_dbqueue.conf import settings
-from django_dbqueue.queue import announce
+from django_dbqueue.queue import announce, clock
 from django_dbqueue.queue.concurrency import release_freed
 from django_dbqueue.queue.dialects import dialect
 from django_dbqueue.queue.leases import owned
@@ -49,7 +48,7 @@ def finish_done(model: type[Job], using: str, owner: str, jobs: Sequence[Job]) -
     conn = connections[using]
     meta = model._meta
     qn = conn.ops.quote_name
-    now = timezone.now()
+    now = clock.now(using)
     assignments = [
         f"{qn('status')} = %s",
         f"{qn('finished_at')} = %s",
@@ -154,7 +153,7 @@ def finish_failed_attempt(
 
     Returns the new status, or None when the job was no longer ours to finish.
     """
-    now = timezone.now()
+    now = clock.now(using)
     errors = list(job.errors or [])
     errors.append(
         {
@@ -201,7 +200,7 @@ def give_back(model: type[Job], using: str, owner: str, ids: Sequence[int]) -> i
 
 
 def cancel_claimed(model: type[Job], using: str, owner: str, job: Job, reason: str) -> bool:
-    now = timezone.now()
+    now = clock.now(using)
     cancelled = bool(
         owned(model, using, owner)
         .filter(id=job.id)
@@ -216,7 +215,7 @@ def retry_later(
     model: type[Job], using: str, owner: str, job: Job, delay: float, reason: str
 ) -> bool:
     """The job asked to run again later (RetryJob): requeue it, attempt not counted."""
-    run_after = timezone.now() + timedelta(seconds=delay)
+    run_after = clock.now(using) + timedelta(seconds=delay)
     updated = (
         owned(model, using, owner)
         .filter(id=job.id)

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 from django.apps import apps
 from django.db.models import DateTimeField, F, Value
 from django.db.models.functions import Coalesce
-from django.utils import timezone
 
 from django_dbqueue.conf import settings
+from django_dbqueue.queue import clock
 from django_dbqueue.queue.dialects import write_transaction
 from django_dbqueue.status import CLAIMED, FAILED, QUEUED
 
@@ -40,7 +40,7 @@ def renew_leases(model: type[Job], using: str, owner: str, ids: Sequence[int]) -
     """Heartbeat: keep the jobs this owner knows it holds from being recovered."""
     if not ids:
         return 0
-    return owned(model, using, owner).filter(id__in=list(ids)).update(owner_date=timezone.now())
+    return owned(model, using, owner).filter(id__in=list(ids)).update(owner_date=clock.now(using))
 
 
 def note_running(model: type[Job], using: str, owner: str, job_id: int, started: datetime) -> int:
@@ -100,7 +100,7 @@ def recover_expired(
     # From the app registry: models.py stands on this room (its manager is here).
     processes = apps.get_model("django_dbqueue", "WorkerProcess")
     lease = float(settings.LEASE_TIMEOUT if lease_timeout is None else lease_timeout)
-    now = timezone.now()
+    now = clock.now(using)
     cutoff = now - timedelta(seconds=lease)
     qs = model.objects.using(using)
     expired = qs.filter(status=CLAIMED, owner_date__lt=cutoff)

@@ -26,6 +26,11 @@ class BaseJobManager(models.Manager["Job"]):
     def _using(self) -> str:
         return self._db or router.db_for_write(self.model)
 
+    def primary(self) -> JobQuerySet:
+        """The jobs as the database the router writes them to has them: for every read
+        that decides something (a replica that lags would answer with the past)."""
+        return self.get_queryset().using(self._using())  # type: ignore[return-value]
+
     def claim(
         self, owner: str, batch_size: int = 100, queues: Sequence[str] | None = None
     ) -> claim.Claimed:

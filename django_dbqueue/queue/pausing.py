@@ -15,12 +15,12 @@ from collections.abc import Sequence
 
 from django.db import router, transaction
 from django.dispatch import Signal
-from django.utils import timezone
 
 from django_dbqueue import signals
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import InvalidJob
 from django_dbqueue.models import QueueState
+from django_dbqueue.queue import clock
 from django_dbqueue.queue.dialects import write_transaction
 
 
@@ -47,7 +47,7 @@ def _set(queue: str, paused: bool, by: str) -> bool:
             return paused  # no row meant "running"
         if state.paused == paused:
             return False
-        state.paused, state.changed_at, state.changed_by = paused, timezone.now(), by
+        state.paused, state.changed_at, state.changed_by = paused, clock.now(using), by
         state.save(using=using)
         return True
 
@@ -74,7 +74,8 @@ def resume(queue: str, by: str = "") -> bool:
 
 
 def paused_queues() -> set[str]:
-    using = router.db_for_read(QueueState)
+    # The primary: a replica that lags would keep a paused queue running.
+    using = router.db_for_write(QueueState)
     return set(QueueState.objects.using(using).filter(paused=True).values_list("name", flat=True))
 
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db import IntegrityError, router, transaction
-from django.utils import timezone
 
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Duty, Job
+from django_dbqueue.queue import clock
 from django_dbqueue.queue.concurrency import prune_keys
 from django_dbqueue.status import CANCELLED, DONE, FAILED
 
@@ -89,7 +89,7 @@ def cutoffs(
 
 def prunable(cutoff: Cutoff) -> int:
     """How many rows a prune would delete (a plain count: for --dry-run and the admin)."""
-    using = router.db_for_read(Job)
+    using = router.db_for_write(Job)
     return (
         Job.objects.using(using)
         .finished_with(cutoff.status)
@@ -147,8 +147,8 @@ def prune(
 
 def claim_duty(name: str, interval: float, now: datetime | None = None) -> bool:
     """True for exactly one caller per ``interval`` seconds across the cluster."""
-    now = now or timezone.now()
     using = router.db_for_write(Duty)
+    now = now or clock.now(using, fresh=True)
     duties = Duty.objects.using(using)
     next_due = now + timedelta(seconds=interval)
     if duties.filter(name=name, due_at__lte=now).update(due_at=next_due, last_run_at=now):
@@ -186,7 +186,7 @@ BACKLOG_RETRY = 5.0
 def prune_if_due(max_seconds: float = 0.5) -> int | None:
     """The workers' share of retention: prune for up to ``max_seconds`` when it is this
     worker's turn (once per ``RETENTION_INTERVAL`` across the cluster); None otherwise."""
-    now = timezone.now()
+    now = clock.now(router.db_for_write(Duty), fresh=True)
     interval = float(settings.RETENTION_INTERVAL)
     if not claim_duty(PRUNE_DUTY, interval, now):
         return None
@@ -204,6 +204,6 @@ def prune_if_due(max_seconds: float = 0.5) -> int | None:
     using = router.db_for_write(Duty)
     update: dict[str, object] = {"last_result": f"deleted {deleted}"}
     if not complete:
-        update["due_at"] = timezone.now() + timedelta(seconds=min(interval, BACKLOG_RETRY))
+        update["due_at"] = clock.now(using) + timedelta(seconds=min(interval, BACKLOG_RETRY))
     Duty.objects.using(using).filter(name=PRUNE_DUTY).update(**update)
     return deleted

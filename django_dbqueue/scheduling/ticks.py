@@ -15,11 +15,11 @@ from datetime import datetime, timedelta
 
 from django.db import IntegrityError, router, transaction
 from django.db.models import Max
-from django.utils import timezone
 
 from django_dbqueue.enqueueing import enqueue
 from django_dbqueue.exceptions import InvalidJob
 from django_dbqueue.models import ScheduleTick
+from django_dbqueue.queue import clock
 from django_dbqueue.scheduling.recurring import (
     Schedule,
     Tick,
@@ -41,7 +41,9 @@ def last_ticks(names: Sequence[str]) -> dict[str, datetime]:
     """The newest enqueued tick of each schedule: one grouped read of the unique index."""
     if not names:
         return {}
-    using = router.db_for_read(ScheduleTick)
+    # The primary: a replica that lags would show a tick another host already enqueued
+    # as not yet enqueued (the unique index refuses it, but every pass would try again).
+    using = router.db_for_write(ScheduleTick)
     rows = (
         ScheduleTick.objects.using(using)
         .filter(schedule__in=list(names))
@@ -83,7 +85,7 @@ def enqueue_tick(tick: Tick) -> ScheduleTick | None:
 
 def prune_ticks(now: datetime | None = None) -> int:
     """Delete old ticks, keeping each schedule's newest; returns how many went."""
-    cutoff = (now or timezone.now()) - KEEP_TICKS
+    cutoff = (now or clock.queue_now()) - KEEP_TICKS
     using = router.db_for_write(ScheduleTick)
     deleted = 0
     for name, last in last_ticks(
@@ -118,7 +120,7 @@ class Ticker:
         """Enqueue whatever is due; returns the ticks this process enqueued."""
         if not self.schedules:
             return []
-        now = now or timezone.now()
+        now = now or clock.queue_now()
         if self._next_look is not None and self._next_look - MAX_SLEEP <= now < self._next_look:
             return []
         due = collect_due_ticks(self.schedules, last_ticks([s.name for s in self.schedules]), now)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 from django.apps import apps
 from django.core import checks
 from django.db import router, transaction
+from django.utils import timezone
 
 from django_dbqueue.arguments import format_concurrency_key
 from django_dbqueue.conf import settings
@@ -101,8 +102,10 @@ class DBQueueBackend(BaseTaskBackend):
             options["concurrency_key"] = format_concurrency_key(key, args, kwargs)
         # By path, unchecked: validate_task() runs while the task's module is still being
         # imported, before the Task is in it; enqueue() checks it with _declared().
+        # Declaring (at import time) writes nothing: no read of the database's clock.
+        now = timezone.now() if declaring else None
         return build_job(
-            task.module_path, args, kwargs, backend=self.alias, check_task=False, **options
+            task.module_path, args, kwargs, backend=self.alias, now=now, check_task=False, **options
         )
 
     def _declared(self, task: Task[..., Any]) -> Task[..., Any]:
@@ -163,7 +166,7 @@ class DBQueueBackend(BaseTaskBackend):
         from django_dbqueue.models import Job
 
         try:
-            job = Job.objects.get(pk=int(result_id))
+            job = Job.objects.primary().get(pk=int(result_id))
         except (TypeError, ValueError, OverflowError):
             raise TaskResultDoesNotExist(
                 f"{result_id!r} is not a task result id of {type(self).__name__} (a job id)."

@@ -11,9 +11,8 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from django.utils import timezone
-
 from django_dbqueue.exceptions import TaskNotFound
+from django_dbqueue.queue import clock
 from django_dbqueue.registry import find
 from django_dbqueue.tasks.backend import DBQueueBackend
 from django_dbqueue.tasks.compat import (
@@ -51,7 +50,7 @@ def run_task(target: object, job: Job) -> Any:
     """
     task = task_of_job(job, target)
     if job.started_at is None:
-        job.started_at = timezone.now()
+        job.started_at = clock.queue_now()
     result = task_result_from_job(job, task)
     task_started.send(backend_class(result.backend), task_result=result)
     args, kwargs = list(job.args or []), dict(job.kwargs or {})

@@ -6,13 +6,15 @@ import logging
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, router
 
+from django_dbqueue.conf import settings
 from django_dbqueue.models import Job
 from django_dbqueue.queue.conflicts import conflict_pause, note_conflict
-from django_dbqueue.queue.dialects import is_lock_conflict
+from django_dbqueue.queue.dialects import dialect, is_lock_conflict
 
 T = TypeVar("T")
 
@@ -140,3 +142,52 @@ def retry_transient(
             if waits is not None:
                 waits.succeeded()
             return result
+
+
+# Above this share of the server's max_connections, run_jobs warns: the app's own
+# processes, the admin and a second host need connections too.
+CONNECTIONS_WARNING = 0.8
+
+
+@dataclass
+class Budget:
+    """The connections one run_jobs opens to the job database, at most."""
+
+    alias: str
+    total: int
+    explained: str
+    server_max: int | None  # the server's max_connections (None: unknown, or SQLite)
+
+    def line(self) -> str:
+        limit = f"; the server allows {self.server_max}" if self.server_max else ""
+        return (
+            f"Connections to database {self.alias!r}: up to {self.total} ({self.explained}){limit}."
+        )
+
+    def too_many(self) -> bool:
+        return bool(self.server_max) and self.total > CONNECTIONS_WARNING * self.server_max  # type: ignore[operator]
+
+
+def budget(concurrency: int, threads: int) -> Budget:
+    """The supervisor's one, and per child: its own, its LISTEN connection (PostgreSQL
+    wake-up), and one per job thread (job code that queries opens its thread's own)."""
+    alias = router.db_for_write(Job)
+    conn = connections[alias]
+    speaks = dialect(conn)
+    listen = bool(settings.WAKEUP) and speaks.listen_notify
+    parts = (
+        ["worker"]
+        + (["LISTEN"] if listen else [])
+        + ([f"{threads} job threads"] if threads > 1 else [])
+    )
+    per_child = 1 + int(listen) + (threads if threads > 1 else 0)
+    explained = f"1 supervisor + {concurrency} x {per_child}: {', '.join(parts)}"
+    server_max = None
+    if speaks.max_connections_sql:
+        try:
+            with conn.cursor() as cursor:
+                cursor.execute(speaks.max_connections_sql)
+                server_max = int(cursor.fetchone()[0])
+        except DatabaseError:
+            server_max = None  # unreachable now: the supervisor's start says so
+    return Budget(alias, 1 + concurrency * per_child, explained, server_max)

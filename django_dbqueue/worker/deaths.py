@@ -163,7 +163,7 @@ def _record_done(remains: Remains) -> set[int]:
     ]
     finished = Job.objects.finish_done(remains.name, jobs)
     if finished:
-        for job in Job.objects.filter(pk__in=finished):
+        for job in Job.objects.primary().filter(pk__in=finished):
             signals.job_finished.send(Job, job=job, worker=remains.name, result=job.result)
     remains.outcome.done += len(finished)
     return finished
@@ -171,7 +171,9 @@ def _record_done(remains: Remains) -> set[int]:
 
 def _record_running(remains: Remains, running: Running, others: list[int]) -> bool:
     """Record the attempt of a job it was running; False if it goes back uncharged."""
-    job = Job.objects.filter(pk=running.job_id, status=Job.Status.CLAIMED, owner=remains.name)
+    job = Job.objects.primary().filter(
+        pk=running.job_id, status=Job.Status.CLAIMED, owner=remains.name
+    )
     found = job.first()
     if found is None:
         return True  # already recorded (or taken over): nothing left to do
@@ -235,9 +237,9 @@ def settle(remains: Remains) -> Outcome:
     # Its claimed jobs, from the slot and from the table: a claim committed just before
     # the child died may not have reached the slot.
     claimed = set(
-        Job.objects.filter(status=Job.Status.CLAIMED, owner=remains.name).values_list(
-            "id", flat=True
-        )
+        Job.objects.primary()
+        .filter(status=Job.Status.CLAIMED, owner=remains.name)
+        .values_list("id", flat=True)
     )
     rest = sorted((set(remains.held) | claimed) - skip)
     if rest:

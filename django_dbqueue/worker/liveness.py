@@ -19,11 +19,11 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from django.conf import settings as django_settings
-from django.db import connections
+from django.db import connections, router
 
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Job
-from django_dbqueue.queue import announce
+from django_dbqueue.queue import announce, clock
 from django_dbqueue.worker import rows
 from django_dbqueue.worker.connections import (
     TRANSIENT_ERRORS,
@@ -38,6 +38,10 @@ logger = logging.getLogger("django_dbqueue.worker")
 # charges an attempt only for the job a dead worker's row names, so jobs that had not
 # started are not charged; waiting a moment keeps fast jobs from costing a write each.
 SHOW_AFTER = 0.5
+# A host whose clock is further than this from the database's is told so once. The queue
+# compares only the database's times (queue/clock.py), but logs, job code and whatever
+# else reads this host's clock are off by that much.
+CLOCK_SKEW_WARNING = 5.0
 
 
 class Member(Protocol):
@@ -81,6 +85,7 @@ class Keeper:
         # (member name, lane) -> (the run interrupted: its job id and start, when sent)
         self.interrupted: dict[tuple[str, int], tuple[int, float, float]] = {}
         self._shown: dict[str, int | None] = {}  # member name -> job id its row shows
+        self._skew_told = False
 
     def forget(self, name: str) -> None:
         for key in [key for key in self.interrupted if key[0] == name]:
@@ -92,6 +97,7 @@ class Keeper:
     ) -> None:
         """One heartbeat; raises the database's transient errors for the caller to log."""
         refresh_connections()
+        offset = self._clock_offset()
         beats = []
         for member in members:
             held = member.slot.held()
@@ -101,9 +107,24 @@ class Keeper:
             beats[-1].stopping = stopping
         if own is not None:
             beats.append(own)
-        rows.beat(beats)
+        rows.beat(beats, offset)
         recover()
         rows.prune()
+
+    def _clock_offset(self) -> float:
+        """This host's clock against the database's (one read a heartbeat, which also
+        keeps this process's reading of the database's clock fresh); said once if far."""
+        offset = clock.offset(router.db_for_write(Job))
+        if abs(offset) > CLOCK_SKEW_WARNING and not self._skew_told:
+            self._skew_told = True
+            logger.warning(
+                "This host's clock is %.1f s %s the database's. The queue uses the "
+                "database's clock; fix this host's time sync (NTP) for logs and job code.",
+                abs(offset),
+                "behind" if offset > 0 else "ahead of",
+                extra={"event": "clock_skew", "offset": offset},
+            )
+        return offset
 
     def show_slow_jobs(self, members: Sequence[Member]) -> None:
         """Keep each member's row naming the job it runs once that has run SHOW_AFTER s,

@@ -11,9 +11,9 @@ from typing import Any
 
 from django.db import IntegrityError, router, transaction
 from django.db.models import Exists
-from django.utils import timezone
 
 from django_dbqueue.models import Job, WorkerProcess
+from django_dbqueue.queue import clock
 from django_dbqueue.status import CLAIMED
 
 # Rows of processes silent for this long are deleted (the admin shows them as dead until
@@ -51,14 +51,17 @@ def register(
     SQLite upgrade a read transaction to a write one, which fails at once with "database
     is locked" when another process wrote in between, instead of waiting its turn.
     """
+    using = router.db_for_write(WorkerProcess)
+    now = clock.now(using)  # the database's time, as every later heartbeat
     fields: dict[str, Any] = {
         "host": socket.gethostname(),
         "pid": pid,
         "role": role,
         "supervisor": supervisor,
         "queues": queues,
+        "started_at": now,
+        "heartbeat_at": now,
     }
-    using = router.db_for_write(WorkerProcess)
     rows = WorkerProcess.objects.using(using)
     try:
         with transaction.atomic(using=using):
@@ -68,11 +71,13 @@ def register(
         return rows.get(name=name)
 
 
-def beat(beats: list[Beat]) -> None:
-    now = timezone.now()
+def beat(beats: list[Beat], clock_offset: float | None = None) -> None:
+    """Write each row's heartbeat (the database's time) and this host's clock offset."""
+    now = clock.now(router.db_for_write(WorkerProcess))
     for entry in beats:
         fields: dict[str, Any] = {
             "heartbeat_at": now,
+            "clock_offset": clock_offset,
             "jobs_done": entry.done,
             "jobs_failed": entry.failed,
         }
@@ -96,4 +101,5 @@ def remove(*names: str) -> None:
 
 
 def prune() -> int:
-    return WorkerProcess.objects.filter(heartbeat_at__lt=timezone.now() - DEAD_ROW_TTL).delete()[0]
+    cutoff = clock.now(router.db_for_write(WorkerProcess)) - DEAD_ROW_TTL
+    return WorkerProcess.objects.filter(heartbeat_at__lt=cutoff).delete()[0]

@@ -4,6 +4,9 @@
 import asyncio
 import os
 import time
+from datetime import UTC
+
+from django.db import connection
 
 from django_dbqueue import job
 from testproject.models import Execution
@@ -47,11 +50,11 @@ def sleep(seconds: float) -> float:
 
 
 @job
-def hold_until(path: str, key: str) -> None:
-    """Record that this job started, then wait (at most a minute) until ``path`` exists:
+def hold_until(path: str, key: str, limit: float = 60) -> None:
+    """Record that this job started, then wait (at most ``limit`` s) until ``path`` exists:
     a gate that lets a test hold workers until all of them are running."""
     Execution.objects.create(key=key, pid=os.getpid())
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + limit
     while not os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.01)
 
@@ -240,3 +243,15 @@ async def async_stray_exit() -> str:
     stray.add_done_callback(_strays.discard)
     await asyncio.sleep(0.2)
     return "survived"
+
+
+@job
+def database_time() -> str:
+    """The database server's clock when this job ran, in UTC (ISO 8601), read fresh:
+    lets a test tell whether a job ran before its ``run_after`` by the database's clock,
+    whatever the clock of the host that ran it."""
+    sql = "SELECT UTC_TIMESTAMP(6)" if connection.vendor == "mysql" else "SELECT clock_timestamp()"
+    with connection.cursor() as cursor:
+        cursor.execute(sql)
+        value = cursor.fetchone()[0]
+    return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()

@@ -23,6 +23,7 @@ from django_dbqueue.admin.chunked import apply_in_chunks
 from django_dbqueue.management.commands.prune_jobs import duration
 from django_dbqueue.management.commands.run_jobs import positive_int
 from django_dbqueue.models import Job
+from django_dbqueue.queue import clock
 from django_dbqueue.queue.actions import JobQuerySet
 from django_dbqueue.status import FAILED, JobStatus
 
@@ -134,7 +135,7 @@ class Command(BaseCommand):
         since = options.pop("since")
         failed = selected(options).finished_with(FAILED)
         if since is not None:
-            failed = failed.filter(finished_at__gte=timezone.now() - since)
+            failed = failed.filter(finished_at__gte=clock.queue_now() - since)
         self._requeue(failed, options["dry_run"], run_now=False)
 
     def _requeue(self, jobs: JobQuerySet, dry_run: bool, run_now: bool) -> None:
@@ -186,7 +187,7 @@ def selected(options: dict[str, Any], require: bool = False) -> JobQuerySet:
         # can be used again), so only waiting and running jobs match by unique key.
         jobs = jobs.filter(Q(unique_key=options["key"]) | Q(concurrency_key=options["key"]))
     if options.get("since") is not None:
-        jobs = jobs.filter(created_at__gte=timezone.now() - options["since"])
+        jobs = jobs.filter(created_at__gte=clock.queue_now() - options["since"])
     return jobs
 
 

@@ -8,12 +8,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import router
-from django.utils import timezone
 
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import InvalidJob
 from django_dbqueue.models import Job
-from django_dbqueue.queue import counts, pausing
+from django_dbqueue.queue import clock, counts, pausing
 from django_dbqueue.status import CLAIMED, QUEUED
 
 COUNT_LIMIT = 10_000  # counts stop here, as the dashboard's do
@@ -49,7 +48,7 @@ class Command(BaseCommand):
     def _list(self) -> None:
         """Each queue: paused or running, its depth (capped counts) and its lag (how long
         its oldest runnable job has been waiting), in the dashboard's bounded queries."""
-        queues, paused, now = list(settings.QUEUES), pausing.paused_queues(), timezone.now()
+        queues, paused, now = list(settings.QUEUES), pausing.paused_queues(), clock.queue_now()
         using = router.db_for_write(Job)
         counted = counts.capped_counts(Job, using, queues, [QUEUED, CLAIMED], COUNT_LIMIT)
         oldest = counts.oldest_runnable(Job, using, queues, now)

@@ -8,10 +8,9 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.utils import timezone
 
 from django_dbqueue.management.commands.run_jobs import positive_int
-from django_dbqueue.queue import retention
+from django_dbqueue.queue import clock, retention
 from django_dbqueue.status import FINISHED
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -60,7 +59,7 @@ class Command(BaseCommand):
                 policy = retention.retention_policy()
             except ValueError as exc:
                 raise CommandError(str(exc)) from None
-        targets = retention.cutoffs(policy, timezone.now(), statuses)
+        targets = retention.cutoffs(policy, clock.queue_now(fresh=True), statuses)
         kept = sorted(set(statuses) - {t.status for t in targets})
         for status in kept:
             self.stdout.write(f"{status}: kept forever (DBQUEUE['RETENTION'][{status!r}] is None)")

@@ -13,6 +13,7 @@ from django_dbqueue import registry, tasks
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Job
 from django_dbqueue.queue.schema import schema_problem
+from django_dbqueue.worker.connections import CONNECTIONS_WARNING, budget
 from django_dbqueue.worker.progress import Progress
 from django_dbqueue.worker.supervisor import EarlyStop, Supervisor
 
@@ -179,6 +180,16 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"Running jobs from {', '.join(queues)} with {concurrency} "
                 f"process(es){threads}, {mode}. Ctrl-C to stop."
+            )
+        planned = budget(concurrency, int(options["threads"] or 1))
+        if progress is not None:
+            self.stdout.write(planned.line())
+        if planned.too_many():
+            logging.getLogger("django_dbqueue.supervisor").warning(
+                "%s That is over %d%% of max_connections, before any other host or the "
+                "app's own processes: lower --concurrency/--threads, or raise max_connections.",
+                planned.line(),
+                int(CONNECTIONS_WARNING * 100),
             )
         # Before the children are forked: they inherit the metrics and count into the
         # run's directory, which the supervisor's server reads.

@@ -53,6 +53,12 @@ class Dialect:
     begin: ClassVar[str] = "BEGIN"
     #: The placeholder of a JSON value bound as its text.
     json_placeholder: ClassVar[str] = "%s"
+    #: The statement that reads the database server's clock as UTC (queue/clock.py), or
+    #: "" where the database has no server (SQLite: the host's clock is the only one).
+    #: Not CURRENT_TIMESTAMP: PostgreSQL's is the start of the transaction.
+    clock_sql: ClassVar[str] = ""
+    #: The statement that reads the server's connection limit, or "" (SQLite).
+    max_connections_sql: ClassVar[str] = ""
 
     def array(self, kind: str) -> str:
         """The placeholder of one array parameter of SQL type ``kind`` (``lateral_arrays``)."""

@@ -26,6 +26,9 @@ _Q = TypeVar("_Q", bound=models.QuerySet[Any])
 class MySQL(Dialect):
     vendor: ClassVar[str] = "mysql"
     begin: ClassVar[str] = "START TRANSACTION"
+    # UTC whatever the session's time_zone; a naive datetime in UTC.
+    clock_sql: ClassVar[str] = "SELECT UTC_TIMESTAMP(6)"
+    max_connections_sql: ClassVar[str] = "SELECT @@max_connections"
 
     def uses_json_table(self, conn: BaseDatabaseWrapper) -> bool:
         """``JSON_TABLE`` as the queue uses it (``INSERT ... SELECT ... FROM

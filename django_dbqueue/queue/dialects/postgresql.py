@@ -30,6 +30,9 @@ class PostgreSQL(Dialect):
     listen_notify: ClassVar[bool] = True
     # JSON is bound as text with a cast (enqueue has the text already).
     json_placeholder: ClassVar[str] = "%s::jsonb"
+    # The time now, not the transaction's start (now(), CURRENT_TIMESTAMP).
+    clock_sql: ClassVar[str] = "SELECT clock_timestamp()"
+    max_connections_sql: ClassVar[str] = "SHOW max_connections"
 
     def array(self, kind: str) -> str:
         return f"%s::{kind}[]"

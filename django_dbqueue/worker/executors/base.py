@@ -105,7 +105,7 @@ class Executor:
         # word, since the list is only as fresh as the last heartbeat.
         if (
             self.slot.cancel_requested(job.id)
-            and Job.objects.filter(pk=job.id, cancel_requested=True).exists()
+            and Job.objects.primary().filter(pk=job.id, cancel_requested=True).exists()
         ):
             self.recorder.cancelled(job, "Cancelled by an operator before it started.")
             return None

@@ -1,0 +1,45 @@
+"""run_jobs says how many connections it will open, against the server's max_connections."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import pytest
+from django.conf import settings as django_settings
+from django.test import override_settings
+
+from django_dbqueue.worker.connections import budget
+from tests.support import CURRENT_VENDOR, Processes
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_the_budget_counts_the_supervisor_each_child_its_listener_and_its_threads() -> None:
+    listen = CURRENT_VENDOR == "postgresql"
+    plain = budget(3, 1)
+    assert plain.total == 1 + 3 * (2 if listen else 1)
+    threaded = budget(2, 4)
+    assert threaded.total == 1 + 2 * (1 + int(listen) + 4)
+    assert "4 job threads" in threaded.explained
+    with override_settings(DBQUEUE={**django_settings.DBQUEUE, "WAKEUP": False}):
+        assert budget(3, 1).total == 4
+    if CURRENT_VENDOR == "sqlite":
+        assert plain.server_max is None and not plain.too_many()
+    else:
+        assert plain.server_max is not None and plain.server_max > 10
+        assert budget(plain.server_max, 1).too_many()
+        assert not plain.too_many()
+
+
+def test_run_jobs_prints_its_connections(
+    processes: Processes, worker_env: Callable[..., dict[str, str]]
+) -> None:
+    proc = processes.run_jobs("--burst", "--concurrency", "2", env=worker_env())
+    out, _ = proc.communicate(timeout=120)
+    line = next(x for x in out.splitlines() if x.startswith("Connections to database"))
+    match = re.search(r"up to (\d+) \(1 supervisor \+ 2 x (\d+)", line)
+    assert match is not None, line
+    assert int(match[1]) == 1 + 2 * int(match[2])
+    if CURRENT_VENDOR != "sqlite":
+        assert "the server allows" in line
