@@ -56,6 +56,7 @@ ROOT_MODULES = {
     "django_dbqueue": "shell",
     "django_dbqueue.apps": "shell",
     "django_dbqueue.checks": "shell",
+    "django_dbqueue.deployment_checks": "shell",
     "django_dbqueue.backends": "shell",
     "django_dbqueue.testing": "shell",
     "django_dbqueue.pytest_plugin": "shell",

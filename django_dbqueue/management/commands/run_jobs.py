@@ -173,24 +173,7 @@ class Command(BaseCommand):
             "async_concurrency": async_lanes,
         }
         concurrency: int = options["concurrency"]
-        if progress is not None:
-            mode = "burst" if options["burst"] else "waiting for jobs"
-            threads = f" x {options['threads']} threads" if options["threads"] > 1 else ""
-            threads += f" + {async_lanes} async" if async_lanes else ""
-            self.stdout.write(
-                f"Running jobs from {', '.join(queues)} with {concurrency} "
-                f"process(es){threads}, {mode}. Ctrl-C to stop."
-            )
-        planned = budget(concurrency, int(options["threads"] or 1))
-        if progress is not None:
-            self.stdout.write(planned.line())
-        if planned.too_many():
-            logging.getLogger("django_dbqueue.supervisor").warning(
-                "%s That is over %d%% of max_connections, before any other host or the "
-                "app's own processes: lower --concurrency/--threads, or raise max_connections.",
-                planned.line(),
-                int(CONNECTIONS_WARNING * 100),
-            )
+        self.announce(progress is not None, queues, concurrency, options, async_lanes)
         # Before the children are forked: they inherit the metrics and count into the
         # run's directory, which the supervisor's server reads.
         server = metrics_server(options["metrics_port"] or settings.METRICS_PORT)
@@ -204,6 +187,35 @@ class Command(BaseCommand):
         finally:
             if server is not None:
                 server.close()  # last: a final scrape still sees the whole run
+
+    def announce(
+        self,
+        verbose: bool,
+        queues: list[str],
+        concurrency: int,
+        options: dict[str, Any],
+        lanes: int,
+    ) -> None:
+        """The first lines: what runs, and the connections it opens (a warning when they
+        take most of the server's max_connections)."""
+        if verbose:
+            mode = "burst" if options["burst"] else "waiting for jobs"
+            threads = f" x {options['threads']} threads" if options["threads"] > 1 else ""
+            threads += f" + {lanes} async" if lanes else ""
+            self.stdout.write(
+                f"Running jobs from {', '.join(queues)} with {concurrency} "
+                f"process(es){threads}, {mode}. Ctrl-C to stop."
+            )
+        planned = budget(concurrency, int(options["threads"] or 1))
+        if verbose:
+            self.stdout.write(planned.line())
+        if planned.too_many():
+            logging.getLogger("django_dbqueue.supervisor").warning(
+                "%s That is over %d%% of max_connections, before any other host or the "
+                "app's own processes: lower --concurrency/--threads, or raise max_connections.",
+                planned.line(),
+                int(CONNECTIONS_WARNING * 100),
+            )
 
     def async_lanes(self, given: int | None) -> int:
         """--async-concurrency, else the setting; a note when async jobs would wait."""
