@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
 from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,8 @@ from django.utils import timezone
 from django_dbqueue.conf import settings
 from django_dbqueue.queue import announce
 from django_dbqueue.queue.concurrency import release_freed
-from django_dbqueue.queue.dialects import dialect
+from django_dbqueue.queue.dialects import dialect, write_transaction
+from django_dbqueue.queue.ends import settle
 from django_dbqueue.queue.leases import owned
 from django_dbqueue.status import CANCELLED, CLAIMED, DONE, FAILED, QUEUED
 
@@ -42,10 +44,50 @@ def finish_done(model: type[Job], using: str, owner: str, jobs: Sequence[Job]) -
     Jobs another worker took over meanwhile (our lease ran out) are left alone. This
     runs once per batch on the hot path, so it is one statement, in autocommit,
     written by hand: the ORM spends longer building a CASE over a hundred rows than
-    the database spends running it.
+    the database spends running it. Jobs of a workflow (dependents, a batch) are
+    finished in a transaction of their own with their dependents and batch counts
+    (:func:`_finish_workflow`); the plain UPDATE leaves alone any row marked as one
+    after the claim read it (a dependent enqueued while it ran), which then goes there.
     """
     if not jobs:
         return set()
+    plain = [job for job in jobs if not job.__dict__.get("workflow")]
+    finished = set()
+    if plain:
+        ids = [j.id for j in plain]
+        updated = _update_done(model, using, owner, plain, plain_only=True)
+        finished = set(ids) if updated == len(ids) else _done_by(model, using, owner, ids)
+    rest = [job for job in jobs if job.id not in finished]
+    if rest:
+        finished |= _finish_workflow(model, using, owner, rest)
+    now = timezone.now()
+    for job in jobs:
+        if job.id in finished:
+            job.status, job.finished_at, job.unique_key = DONE, now, None
+            job.cancel_requested = False
+    free_slots(model, using, [job for job in jobs if job.id in finished])
+    return finished
+
+
+def _finish_workflow(model: type[Job], using: str, owner: str, jobs: Sequence[Job]) -> set[int]:
+    """DONE for jobs that may have dependents or a batch (or were taken over), with
+    their dependents released and their batch counts moved in the same transaction."""
+    ids = [job.id for job in jobs]
+    with write_transaction(using):
+        mine = owned(model, using, owner).select_for_update().filter(id__in=ids)
+        ours = set(mine.values_list("id", flat=True))
+        if not ours:
+            return set()
+        _update_done(model, using, owner, [j for j in jobs if j.id in ours], plain_only=False)
+        settle(model, using, dict.fromkeys(ours, DONE))
+    return ours
+
+
+def _update_done(
+    model: type[Job], using: str, owner: str, jobs: Sequence[Job], plain_only: bool
+) -> int:
+    """The guarded UPDATE to DONE of ``jobs`` (with ``plain_only``, of rows not marked
+    ``workflow``); returns the row count."""
     conn = connections[using]
     meta = model._meta
     qn = conn.ops.quote_name
@@ -80,22 +122,20 @@ def finish_done(model: type[Job], using: str, owner: str, jobs: Sequence[Job]) -
     _per_job(qn, jobs, "result", prepare, assignments, params)
     # Only quoted column names and %s placeholders are formatted in; every value
     # goes through the driver's parameters.
-    guard = speaks.by_id_only(f"{qn('status')} = %s AND {qn('owner')} = %s")
+    guarded = f"{qn('status')} = %s AND {qn('owner')} = %s"
+    guard_params: list[Any] = [CLAIMED, owner]
+    if plain_only:
+        guarded += f" AND {qn('workflow')} = %s"
+        guard_params.append(False)
+    guard = speaks.by_id_only(guarded)
     sql = (
         f"UPDATE {rows.target} SET {', '.join(assignments)} "  # noqa: S608
         f"WHERE {rows.where} AND {guard}"
     )
-    args = [*rows.target_params, *params, *rows.where_params, CLAIMED, owner]
+    args = [*rows.target_params, *params, *rows.where_params, *guard_params]
     with conn.cursor() as cursor:
         cursor.execute(sql, args)
-        updated = cursor.rowcount
-    finished = set(ids) if updated == len(ids) else _done_by(model, using, owner, ids)
-    for job in jobs:
-        if job.id in finished:
-            job.status, job.finished_at, job.unique_key = DONE, now, None
-            job.cancel_requested = False
-    free_slots(model, using, [job for job in jobs if job.id in finished])
-    return finished
+        return int(cursor.rowcount)
 
 
 def _per_job(
@@ -177,8 +217,12 @@ def finish_failed_attempt(
     if job.started_at is not None:
         # The first attempt's start: written only while NULL.
         writes["started_at"] = Coalesce(F("started_at"), Value(job.started_at, DateTimeField()))
-    if not owned(model, using, owner).filter(id=job.id).update(**writes):
-        return None
+    final = fields["status"] == FAILED
+    with write_transaction(using) if final else nullcontext():
+        if not owned(model, using, owner).filter(id=job.id).update(**writes):
+            return None
+        if final:
+            settle(model, using, {job.id: FAILED})
     for name, value in fields.items():
         setattr(job, name, value)
     free_slots(model, using, [job])
@@ -202,11 +246,14 @@ def give_back(model: type[Job], using: str, owner: str, ids: Sequence[int]) -> i
 
 def cancel_claimed(model: type[Job], using: str, owner: str, job: Job, reason: str) -> bool:
     now = timezone.now()
-    cancelled = bool(
-        owned(model, using, owner)
-        .filter(id=job.id)
-        .update(status=CANCELLED, finished_at=now, unique_key=None, last_error=reason)
-    )
+    with write_transaction(using):
+        cancelled = bool(
+            owned(model, using, owner)
+            .filter(id=job.id)
+            .update(status=CANCELLED, finished_at=now, unique_key=None, last_error=reason)
+        )
+        if cancelled:
+            settle(model, using, {job.id: CANCELLED})
     if cancelled:
         free_slots(model, using, [job])
     return cancelled

@@ -15,6 +15,7 @@ from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import InvalidJob, JobTimeout
 from django_dbqueue.models import Job
 from django_dbqueue.observability import hooks
+from django_dbqueue.workflows.results import running
 
 
 class ResultNotSerializable(TypeError):
@@ -45,10 +46,11 @@ def call_job(job: Job) -> Any:
     With tracing or metrics on, it runs inside their wrappers (observability/hooks.py).
     """
     wrapped = hooks.around(job)
-    if wrapped is None:
-        return _call(job)
-    with wrapped:
-        return _call(job)
+    with running(job.id):  # what dependency_results() reads (workflows/results.py)
+        if wrapped is None:
+            return _call(job)
+        with wrapped:
+            return _call(job)
 
 
 def _call(job: Job) -> Any:
