@@ -8,11 +8,13 @@ be inserted by the one transaction that completes the batch (``queue/batches.py`
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from django.db import router, transaction
 
+from django_dbqueue import registry
 from django_dbqueue.bulk import JobSpec, enqueue_many
 from django_dbqueue.enqueueing import build_job
 from django_dbqueue.exceptions import InvalidJob
@@ -115,6 +117,22 @@ def callback_fields(spec: Any) -> dict[str, Any]:
     if "batch" in kwargs:
         raise InvalidJob("a batch callback's 'batch' argument is given by the batch.")
     job = build_job(task, args, {**kwargs, "batch": {}}, **options)
+    _takes_batch(job.task)
     fields = {name: getattr(job, name) for name in CALLBACK_FIELDS}
     fields["kwargs"] = kwargs
     return fields
+
+
+def _takes_batch(path: str) -> None:
+    """The callback's function takes the keyword argument ``batch`` (checked where its
+    signature can be read: a plain ``@job`` function)."""
+    func = registry.find(path).func
+    func = getattr(func, "func", func)  # a Django Task wraps its function
+    try:
+        parameters = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return
+    kinds = {p.kind for p in parameters}
+    names = {p.name for p in parameters if p.kind != p.POSITIONAL_ONLY}
+    if "batch" not in names and inspect.Parameter.VAR_KEYWORD not in kinds:
+        raise InvalidJob(f"a batch callback must take the keyword argument 'batch': {path}.")
