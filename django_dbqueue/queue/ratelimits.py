@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 # A slot is free again this much after its period (at most MARGIN_MAX seconds): a job
 # starts a moment after its claim, and a slot reused on the dot could let a slow start
 # and a quick one fall into one window.
-MARGIN = 0.1
+MARGIN = 0.2
 MARGIN_MAX = 0.5
 FREE = datetime(2000, 1, 1, tzinfo=UTC)  # a slot never used, or given back
 
