@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.db import transaction
-from django.db.models import F, Sum
+from django.db.models import F, OuterRef, Subquery, Sum
 from django.utils import timezone
 
 from django_dbqueue.queue import announce
@@ -78,12 +78,21 @@ def close(using: str, batch_id: int) -> bool:
 def count(model: type[Job], using: str, ends: Mapping[int, str]) -> set[int]:
     """Count the ends of members among ``ends`` (id -> final status), in the caller's
     transaction; returns their batches (to :func:`complete` after the commit)."""
+    if not ends:
+        return set()
     jobs = model.objects.using(using)
     rows = jobs.filter(id__in=list(ends), batch_id__isnull=False, batch_counted=False)
     members = [(job_id, int(b)) for job_id, b in rows.values_list("id", "batch_id") if b]
     if not members:
         return set()
     jobs.filter(id__in=[m[0] for m in members]).update(batch_counted=True)
+    return add_counts(using, members, ends)
+
+
+def add_counts(using: str, members: list[tuple[int, int]], ends: Mapping[int, str]) -> set[int]:
+    """Move the counter shards for ``members`` ((job id, batch id), already marked
+    ``batch_counted``): one row write per member at most, fewer when several share a
+    shard. Returns their batches."""
     moves: dict[tuple[int, int], Tally[str]] = defaultdict(Tally)
     for job_id, batch_id in members:
         moves[(batch_id, job_id % SHARDS)][COLUMN[ends[job_id]]] += 1
@@ -118,12 +127,27 @@ def complete(using: str, batch_ids: Iterable[int], missing: int = 0) -> list[int
     transaction. ``missing``: members known deleted before they ended (the sweep),
     counted as cancelled. Returns the batches completed by this call."""
     completed = []
+    batches = _batches().objects.using(using)
     for batch_id in batch_ids:
-        counts = totals(using, batch_id)
+        # One read: the batch's total and its shards' sums (closed, not completed yet).
+        shards = _counters().objects.filter(batch_id=OuterRef("pk")).order_by()
+        sums = {
+            f"{name}_sum": Subquery(shards.values("batch_id").annotate(v=Sum(name)).values("v"))
+            for name in COLUMN.values()
+        }
+        row = (
+            batches.filter(id=batch_id, closed=True, completed_at__isnull=True)
+            .annotate(**sums)
+            .values_list("total", *sums)
+            .first()
+        )
+        if row is None:
+            continue
+        counts = {
+            name: int(value or 0) for name, value in zip(COLUMN.values(), row[1:], strict=True)
+        }
         counts["cancelled"] += missing
-        batches = _batches().objects.using(using)
-        total = batches.filter(id=batch_id).values_list("total", flat=True).first()
-        if total is None or sum(counts.values()) < total:
+        if sum(counts.values()) < row[0]:
             continue
         with write_transaction(using):
             won = batches.filter(id=batch_id, closed=True, completed_at__isnull=True).update(

@@ -14,11 +14,23 @@ if TYPE_CHECKING:
     from django_dbqueue.models import Job
 
 
-def settle(model: type[Job], using: str, ends: Mapping[int, str]) -> None:
+def settle(
+    model: type[Job],
+    using: str,
+    ends: Mapping[int, str],
+    members: list[tuple[int, int]] | None = None,
+) -> None:
     """Jobs ``ends`` (id -> DONE, FAILED or CANCELLED) just ended, in the caller's
     transaction: their dependents follow and batch members are counted; their batches
-    are looked at once the transaction commits."""
+    are looked at once the transaction commits. ``members``: (job id, batch id) of the
+    members of ``ends`` whose end-writing UPDATE already set ``batch_counted`` (the
+    caller read them under its lock); None: find them here."""
     if not ends:
         return
     every = dependents.ended(model, using, ends)
-    batches.after_commit(using, batches.count(model, using, every))
+    if members is None:
+        touched = batches.count(model, using, every)
+    else:
+        cascaded = {job_id: status for job_id, status in every.items() if job_id not in ends}
+        touched = batches.add_counts(using, members, ends) | batches.count(model, using, cascaded)
+    batches.after_commit(using, touched)

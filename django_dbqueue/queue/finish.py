@@ -75,19 +75,29 @@ def _finish_workflow(model: type[Job], using: str, owner: str, jobs: Sequence[Jo
     ids = [job.id for job in jobs]
     with write_transaction(using):
         mine = owned(model, using, owner).select_for_update().filter(id__in=ids)
-        ours = set(mine.values_list("id", flat=True))
-        if not ours:
+        rows = list(mine.values_list("id", "batch_id", "batch_counted"))
+        if not rows:
             return set()
-        _update_done(model, using, owner, [j for j in jobs if j.id in ours], plain_only=False)
-        settle(model, using, dict.fromkeys(ours, DONE))
+        ours = {row[0] for row in rows}
+        # Batch members are counted by the same UPDATE (batch_counted), so a member's
+        # finish writes its row once and one counter shard.
+        members = [(job_id, batch) for job_id, batch, counted in rows if batch and not counted]
+        done = [j for j in jobs if j.id in ours]
+        _update_done(model, using, owner, done, plain_only=False, count=bool(members))
+        settle(model, using, dict.fromkeys(ours, DONE), members)
     return ours
 
 
 def _update_done(
-    model: type[Job], using: str, owner: str, jobs: Sequence[Job], plain_only: bool
+    model: type[Job],
+    using: str,
+    owner: str,
+    jobs: Sequence[Job],
+    plain_only: bool,
+    count: bool = False,
 ) -> int:
     """The guarded UPDATE to DONE of ``jobs`` (with ``plain_only``, of rows not marked
-    ``workflow``); returns the row count."""
+    ``workflow``; with ``count``, marking batch members counted); returns the row count."""
     conn = connections[using]
     meta = model._meta
     qn = conn.ops.quote_name
@@ -103,6 +113,9 @@ def _update_done(
         meta.get_field("finished_at").get_db_prep_value(now, conn),
         meta.get_field("cancel_requested").get_db_prep_value(False, conn),
     ]
+    if count:
+        assignments.append(f"{qn('batch_counted')} = %s")
+        params.append(True)
     ids = [j.id for j in jobs]
     speaks = dialect(conn)
     # The rows by primary key; started_at is the first attempt's start: written only
@@ -122,11 +135,7 @@ def _update_done(
     _per_job(qn, jobs, "result", prepare, assignments, params)
     # Only quoted column names and %s placeholders are formatted in; every value
     # goes through the driver's parameters.
-    guarded = f"{qn('status')} = %s AND {qn('owner')} = %s"
-    guard_params: list[Any] = [CLAIMED, owner]
-    if plain_only:
-        guarded += f" AND {qn('workflow')} = %s"
-        guard_params.append(False)
+    guarded, guard_params = _guard(qn, owner, plain_only)
     guard = speaks.by_id_only(guarded)
     sql = (
         f"UPDATE {rows.target} SET {', '.join(assignments)} "  # noqa: S608
@@ -136,6 +145,15 @@ def _update_done(
     with conn.cursor() as cursor:
         cursor.execute(sql, args)
         return int(cursor.rowcount)
+
+
+def _guard(qn: Any, owner: str, plain_only: bool) -> tuple[str, list[Any]]:
+    """The finish's guard: still claimed by ``owner`` (and, with ``plain_only``, not
+    marked ``workflow``: such a row is finished with its dependents instead)."""
+    if plain_only:
+        sql = f"{qn('status')} = %s AND {qn('owner')} = %s AND {qn('workflow')} = %s"
+        return sql, [CLAIMED, owner, False]
+    return f"{qn('status')} = %s AND {qn('owner')} = %s", [CLAIMED, owner]
 
 
 def _per_job(
