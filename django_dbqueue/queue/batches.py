@@ -2,16 +2,18 @@
 (docs/workflows.md).
 
 A member's end is counted in the transaction that records it: its row's
-``batch_counted`` goes from false to true (so an operator's requeue never counts it
-twice) and one :class:`~django_dbqueue.models.BatchCounter` shard, picked by the
-member's id, moves by one. Concurrent finishes of one batch spread over the shards
-instead of queueing on one hot row. Whether the batch is complete is read after the
-commit (:func:`complete`), by whoever counted, and by the sweep: the callbacks are
-inserted by the one transaction whose conditional UPDATE sets ``completed_at``.
+``batch_counted`` goes from false to true in the finishing UPDATE (so an operator's
+requeue never counts it twice) and one :class:`~django_dbqueue.models.BatchCounter`
+shard, picked at random per transaction, moves by the members it ended. Concurrent
+finishes of one batch spread over the shards instead of queueing on one hot row.
+Whether the batch is complete is read after the commit (:func:`complete`), by whoever
+counted, and by the sweep: the callbacks are inserted by the one transaction whose
+conditional UPDATE sets ``completed_at``.
 """
 
 from __future__ import annotations
 
+import random
 from collections import Counter as Tally
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -90,12 +92,15 @@ def count(model: type[Job], using: str, ends: Mapping[int, str]) -> set[int]:
 
 
 def add_counts(using: str, members: list[tuple[int, int]], ends: Mapping[int, str]) -> set[int]:
-    """Move the counter shards for ``members`` ((job id, batch id), already marked
-    ``batch_counted``): one row write per member at most, fewer when several share a
-    shard. Returns their batches."""
+    """Move a counter shard for ``members`` ((job id, batch id), already marked
+    ``batch_counted``): one row write per batch and transaction, however many members
+    it ends. Returns their batches."""
+    # One shard per transaction, at random: a flush of many members writes one row per
+    # batch, and concurrent finishers mostly write different rows.
+    shard = random.randrange(SHARDS)
     moves: dict[tuple[int, int], Tally[str]] = defaultdict(Tally)
     for job_id, batch_id in members:
-        moves[(batch_id, job_id % SHARDS)][COLUMN[ends[job_id]]] += 1
+        moves[(batch_id, shard)][COLUMN[ends[job_id]]] += 1
     for (batch_id, shard), tally in sorted(moves.items()):
         _counters().objects.using(using).filter(batch_id=batch_id, shard=shard).update(
             **{name: F(name) + n for name, n in tally.items()}

@@ -74,8 +74,11 @@ def _finish_workflow(model: type[Job], using: str, owner: str, jobs: Sequence[Jo
     their dependents released and their batch counts moved in the same transaction."""
     ids = [job.id for job in jobs]
     with write_transaction(using):
-        mine = owned(model, using, owner).select_for_update().filter(id__in=ids)
-        rows = list(mine.values_list("id", "batch_id", "batch_counted"))
+        # Locked by primary key only (InnoDB locks every index record a locking read
+        # scans: a status index would lock other workers' claimed rows); ours checked here.
+        locked = model.objects.using(using).select_for_update().filter(id__in=ids)
+        fields = ("id", "batch_id", "batch_counted", "status", "owner")
+        rows = [r[:3] for r in locked.values_list(*fields) if r[3:] == (CLAIMED, owner)]
         if not rows:
             return set()
         ours = {row[0] for row in rows}

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from django.apps import apps
 from django.db.models.functions import Now
 
-from django_dbqueue.conf import settings
+from django_dbqueue.conf import PerSettings, settings
 from django_dbqueue.queue.dialects import write_transaction
 
 if TYPE_CHECKING:
@@ -61,12 +61,18 @@ def parse(value: Any) -> dict[str, Limit]:
     return limits
 
 
+def _read_limits() -> dict[str, Limit]:
+    return parse(settings.RATE_LIMITS)
+
+
+_limits = PerSettings(_read_limits)  # read once per settings, not once per claim
+
+
 def limited(queues: Sequence[str]) -> dict[str, Limit]:
-    """The rate limits of ``queues`` (empty, and nothing else read, when none is set)."""
-    configured = settings.RATE_LIMITS
-    if not configured:
+    """The rate limits of ``queues`` (empty when none is set)."""
+    limits = _limits()
+    if not limits:
         return {}
-    limits = parse(configured)
     return {queue: limits[queue] for queue in queues if queue in limits}
 
 

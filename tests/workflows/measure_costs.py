@@ -121,6 +121,8 @@ def main() -> None:
         f"finish UPDATE of 100 plain jobs: {plain * 1e3:.2f} ms, with the workflow guard "
         f"{guarded * 1e3:.2f} ms"
     )
+    empty = timeit.timeit(lambda: None, number=100_000) / 100_000
+    print(f"yardstick: an empty call {empty * 1e9:.0f} ns")
     ctx = timeit.timeit(lambda: CURRENT_JOB.reset(CURRENT_JOB.set(1)), number=100_000) / 100_000
     print(f"per job: the current-job context {ctx * 1e9:.0f} ns")
     per_claim = timeit.timeit(lambda: ratelimits.limited(["default"]), number=100_000) / 100_000
