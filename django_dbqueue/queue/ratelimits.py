@@ -29,6 +29,10 @@ if TYPE_CHECKING:
 # and a quick one fall into one window.
 MARGIN = 0.2
 MARGIN_MAX = 0.5
+# Jobs of a limited queue one claim takes: one, so it starts as soon as it is claimed
+# (a claimed batch runs one job after another: its last would start a while after the
+# claim that counted it, and could share a window with a slot's next claim).
+PER_CLAIM = 1
 FREE = datetime(2000, 1, 1, tzinfo=UTC)  # a slot never used, or given back
 
 
@@ -88,7 +92,7 @@ def claim_limited(
     free = [queue for queue in queues if queue not in limits]
     jobs = list(claim_some(free, batch_size)) if free else []
     for queue, limit in limits.items():
-        room = batch_size - len(jobs)
+        room = min(batch_size - len(jobs), PER_CLAIM)
         if room <= 0:
             break
         slots = take(using, queue, limit, room)
