@@ -15,6 +15,7 @@ from django.db.models import IntegerField, OuterRef, QuerySet, Subquery, Sum, Va
 from django.db.models.functions import Coalesce
 from django.http import HttpRequest
 
+from django_dbqueue.admin.keys import ForJobViewers
 from django_dbqueue.models import Batch, BatchCounter
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ def _counted(name: str) -> Coalesce:
 
 
 @admin.register(Batch)
-class BatchAdmin(_ModelAdmin):
+class BatchAdmin(ForJobViewers, _ModelAdmin):
     list_display = (
         "id",
         "progress",
@@ -73,22 +74,3 @@ class BatchAdmin(_ModelAdmin):
     @admin.display(description="cancelled")
     def ended_cancelled(self, batch: Any) -> int:
         return int(batch.cancelled_now)
-
-    # Whoever may view jobs may view their batches; nobody edits them.
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return self.has_view_permission(request)
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        user: Any = request.user
-        return bool(user.is_active and user.is_staff) and (
-            user.has_perm("django_dbqueue.view_job") or user.has_perm("django_dbqueue.change_job")
-        )
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
