@@ -136,3 +136,27 @@ def test_a_chain_with_a_bad_step_writes_nothing() -> None:
     with pytest.raises(InvalidJob):
         chain({"task": flow_jobs.value, "args": [1]}, {"task": "no.such.task"})
     assert not Job.objects.exists()
+
+
+def test_retention_forgets_the_edges_of_pruned_jobs_and_a_deleted_dependency_cancels() -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from django_dbqueue.queue.retention import Cutoff, prune
+    from django_dbqueue.workflows.sweep import resolve_stuck
+
+    first = enqueue(flow_jobs.value, [1])
+    then = enqueue(flow_jobs.value, [2], depends_on=[first])
+    drain()
+    assert status(then) == Job.Status.DONE
+    prune([Cutoff(Job.Status.DONE, timezone.now() + timedelta(seconds=1))])
+    assert not Dependency.objects.exists()
+    # A dependency deleted before it ended: the sweep resolves its dependent as cancelled.
+    gone = enqueue(flow_jobs.value, [1])
+    waiting = enqueue(flow_jobs.value, [1], depends_on=[gone])
+    assert Job.objects.filter(pk=gone.pk).delete_unclaimed() == 1
+    assert resolve_stuck("default") == 1
+    waiting.refresh_from_db()
+    assert waiting.status == Job.Status.CANCELLED
+    assert f"dependency #{gone.pk} was deleted" in waiting.last_error
