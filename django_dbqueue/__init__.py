@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 from django_dbqueue.registry import job
 
 if TYPE_CHECKING:
-    from django_dbqueue.models import Job
+    from django_dbqueue.models import Batch, Job
 
-__all__ = ["aenqueue", "aenqueue_many", "enqueue", "enqueue_many", "job"]
+__all__ = ["aenqueue", "aenqueue_many", "enqueue", "enqueue_batch", "enqueue_many", "job"]
 __version__ = "0.1.0"
 
 
@@ -41,3 +41,11 @@ async def aenqueue_many(jobs: Any, /, **options: Any) -> list[Job]:
     from django_dbqueue.bulk import aenqueue_many as _aenqueue_many
 
     return await _aenqueue_many(jobs, **options)
+
+
+def enqueue_batch(jobs: Any, /, **callbacks: Any) -> Batch:
+    """Enqueue jobs as one batch with callbacks that run exactly once; see
+    :func:`django_dbqueue.workflows.batches.enqueue_batch`."""
+    from django_dbqueue.workflows.batches import enqueue_batch as _enqueue_batch
+
+    return _enqueue_batch(jobs, **callbacks)

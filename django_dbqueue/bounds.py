@@ -228,3 +228,28 @@ def check_concurrency_limit(value: Any) -> int:
     if not 1 <= value <= MAX_CONCURRENCY_LIMIT:
         raise InvalidJob(f"concurrency_limit must be between 1 and {MAX_CONCURRENCY_LIMIT}.")
     return value
+
+
+MAX_DEPENDENCIES = 1000
+DEPENDENCY_FAILURE_RULES = ("cancel", "run")
+
+
+def check_depends_on(value: Any) -> list[int]:
+    """Jobs or job ids, at most MAX_DEPENDENCIES: their ids, sorted, without repeats."""
+    if isinstance(value, str | bytes) or not isinstance(value, list | tuple | set | frozenset):
+        raise InvalidJob("depends_on must be a list of jobs or job ids.")
+    ids = set()
+    for item in value:
+        job_id = getattr(item, "pk", item)
+        if isinstance(job_id, bool) or not isinstance(job_id, int) or job_id < 1:
+            raise InvalidJob(f"depends_on: {item!r} is neither a saved job nor a job id.")
+        ids.add(job_id)
+    if len(ids) > MAX_DEPENDENCIES:
+        raise InvalidJob(f"depends_on takes at most {MAX_DEPENDENCIES} jobs.")
+    return sorted(ids)
+
+
+def check_on_dependency_failure(value: Any) -> str:
+    if value not in DEPENDENCY_FAILURE_RULES:
+        raise InvalidJob("on_dependency_failure must be 'cancel' or 'run'.")
+    return str(value)

@@ -59,7 +59,11 @@ _NO_TASK = object()
 # Options enqueue() takes and enqueue_many() refuses (unique_key), with the reason.
 _REFUSED = {
     "unique_key": "enqueue_many() does not take unique_key: its multi-row INSERT is one "
-    "statement, so one taken key would fail the whole batch; use enqueue() for unique jobs."
+    "statement, so one taken key would fail the whole batch; use enqueue() for unique jobs.",
+    "depends_on": "enqueue_many() does not take depends_on: use enqueue(), or "
+    "django_dbqueue.workflows.chains (docs/workflows.md).",
+    "on_dependency_failure": "enqueue_many() does not take on_dependency_failure: it goes "
+    "with depends_on (docs/workflows.md).",
 }
 assert _REFUSED.keys() == set(NAMES) - MANY_NAMES, "say why enqueue_many() refuses an option"
 # Option values whose equality means the same validation (exact types: a subclass may

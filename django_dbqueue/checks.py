@@ -17,6 +17,7 @@ from django_dbqueue.deployment_checks import check_galera, check_queue_reads
 from django_dbqueue.exceptions import InvalidJob
 from django_dbqueue.locks.named import BACKENDS, RELEASE_MODES
 from django_dbqueue.models import Counter
+from django_dbqueue.queue import ratelimits
 from django_dbqueue.scheduling.checks import check_schedules
 
 HEARTBEATS_PER_LEASE = 3
@@ -303,11 +304,31 @@ def check_scheduled_tasks(app_configs: Any = None, **kwargs: Any) -> list[checks
     return check_schedules(app_configs, is_registered=is_registered, **kwargs)
 
 
+def check_rate_limits(**kwargs: Any) -> list[checks.CheckMessage]:
+    """DBQUEUE['RATE_LIMITS'] (docs/workflows.md): its form, and queues that exist."""
+    try:
+        limits = ratelimits.parse(settings.RATE_LIMITS)
+    except ValueError as exc:
+        hint = "For example RATE_LIMITS = {'emails': {'limit': 10, 'period': 1}}."
+        return [checks.Error(str(exc), hint=hint, id="django_dbqueue.E005")]
+    queues = settings.QUEUES if isinstance(settings.QUEUES, list | tuple) else []
+    return [
+        checks.Error(
+            f"DBQUEUE['RATE_LIMITS'] names {name!r}, which is not in DBQUEUE['QUEUES'].",
+            hint="Rate limits apply per queue: add the queue or remove the limit.",
+            id="django_dbqueue.E006",
+        )
+        for name in limits
+        if name not in queues
+    ]
+
+
 def register() -> None:
     """Register the checks (AppConfig.ready() calls this once)."""
     checks.register(check_setting_names, "django_dbqueue")
     checks.register(check_queue_settings, "django_dbqueue")
     checks.register(check_queue_reads, "django_dbqueue")
+    checks.register(check_rate_limits, "django_dbqueue")
     checks.register(check_task_settings, "django_dbqueue")
     checks.register(check_lock_settings, "django_dbqueue")
     checks.register(check_scheduled_tasks, "django_dbqueue")

@@ -40,6 +40,7 @@ from django_dbqueue.queue.concurrency import ensure_keys
 from django_dbqueue.queue.dialects import is_deadlock
 from django_dbqueue.queue.insert import JSON_TEXT, insert_one, json_text
 from django_dbqueue.registry import path_for_enqueue
+from django_dbqueue.workflows import dependencies
 
 # Field defaults: constants are copied into each job; callables (timezone.now, list,
 # dict) are called for each job that does not set the field.
@@ -144,6 +145,9 @@ def build_job(
             "errors": [],
         }
     )
+    wanted = dependencies.wanted_of(given)
+    if wanted is not None:
+        job.__dict__[dependencies.DEPENDS] = wanted
     # The INSERT binds the text that was checked rather than serializing them again.
     job.__dict__[JSON_TEXT] = {
         "args": (call.args, call.args_text),
@@ -215,7 +219,15 @@ def save_job(job: Job) -> tuple[Job, bool]:
     if job.concurrency_key is not None:
         ensure_keys(using, [job.concurrency_key])
     job.trace_context = tracing.current_traceparent()
-    saved, created = _insert(job, using)
+    wanted = job.__dict__.pop(dependencies.DEPENDS, None)
+    if wanted is None:
+        saved, created = _insert(job, using)
+    else:  # its dependencies locked while it and its edges are written
+        with transaction.atomic(using=using):
+            edges = dependencies.prepare(job, using, wanted)
+            saved, created = _insert(job, using)
+            if created:
+                dependencies.link(using, saved.id, edges, wanted)
     if created:
         transaction.on_commit(partial(_committed, [saved], using), using=using)
     return saved, created

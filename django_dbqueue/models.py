@@ -59,6 +59,15 @@ class Job(models.Model):
     trace_context = models.CharField(  # noqa: DJ001 (NULL: no trace, "" is no traceparent)
         max_length=55, null=True, blank=True, editable=False
     )
+    # Workflows (docs/workflows.md). ``workflow``: the job has dependents or belongs to a
+    # batch, so its finish also releases dependents and counts it in its batch (in the
+    # same transaction); plain jobs keep the one-statement finish. ``batch_id``: its
+    # batch; ``batch_counted``: its end is in the batch's counters (once, even when an
+    # operator requeues it). Written at insert, or (``workflow``) when a dependent is
+    # enqueued: in no index, so they cost the claim and the finish nothing.
+    workflow = models.BooleanField(default=False, editable=False)
+    batch_id = models.BigIntegerField(null=True, blank=True, editable=False)
+    batch_counted = models.BooleanField(default=False, editable=False)
     owner = models.CharField(max_length=255, blank=True, default="")
     owner_date = models.DateTimeField(
         null=True, blank=True, help_text="When the owner last claimed or renewed its lease."
@@ -273,3 +282,94 @@ class ConcurrencyKey(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+class Dependency(models.Model):
+    """``job`` waits for ``depends_on`` (docs/workflows.md). Ids, not foreign keys:
+    retention and operators delete jobs; a missing dependency counts as cancelled.
+
+    ``satisfied`` is set, under a lock on the waiting job's row, when the dependency
+    finished DONE (or ended otherwise and the job runs anyway): the job becomes QUEUED
+    when none of its edges is left unsatisfied.
+    """
+
+    job_id = models.BigIntegerField()
+    depends_on_id = models.BigIntegerField(db_index=True)
+    satisfied = models.BooleanField(default=False)
+    run_on_failure = models.BooleanField(default=False)  # on_dependency_failure="run"
+
+    class Meta:
+        db_table = "dbqueue_dependency"
+        constraints = [
+            models.UniqueConstraint(fields=["job_id", "depends_on_id"], name="dbq_dep_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.job_id} after #{self.depends_on_id}"
+
+
+class Batch(models.Model):
+    """A batch of jobs and its callbacks (docs/workflows.md).
+
+    Members' ends are counted in :class:`BatchCounter` shards (one row write per member
+    finish, spread so concurrent finishes do not queue on one row). ``completed_at`` is
+    set once, by a conditional UPDATE: whoever sets it enqueues the callbacks, in the
+    same transaction, so they exist exactly once.
+    """
+
+    total = models.PositiveIntegerField(default=0)
+    closed = models.BooleanField(default=False)
+    # The callbacks' validated job fields ({"on_complete": {...}, ...}).
+    callbacks = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    done = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    cancelled = models.PositiveIntegerField(default=0)
+    callback_ids = models.JSONField(default=list, blank=True)
+
+    class Meta:
+        db_table = "dbqueue_batch"
+        verbose_name_plural = "batches"
+
+    def __str__(self) -> str:
+        return f"batch #{self.pk}"
+
+
+class BatchCounter(models.Model):
+    """One shard of a batch's counts of finished members."""
+
+    batch_id = models.BigIntegerField()
+    shard = models.PositiveSmallIntegerField()
+    done = models.PositiveIntegerField(default=0)
+    failed = models.PositiveIntegerField(default=0)
+    cancelled = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        db_table = "dbqueue_batch_counter"
+        constraints = [
+            models.UniqueConstraint(fields=["batch_id", "shard"], name="dbq_batch_shard"),
+        ]
+
+    def __str__(self) -> str:
+        return f"batch #{self.batch_id} shard {self.shard}"
+
+
+class RateSlot(models.Model):
+    """One of a rate limit's ``limit`` start slots (docs/workflows.md): a claim takes a
+    slot last used more than ``period`` ago (SKIP LOCKED) for each job it starts, so
+    no window of ``period`` holds more than ``limit`` starts, with no lock held beyond
+    the claim's short transaction."""
+
+    key = models.CharField(max_length=255)
+    slot = models.PositiveIntegerField()
+    used_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "dbqueue_rate_slot"
+        constraints = [
+            models.UniqueConstraint(fields=["key", "slot"], name="dbq_rate_slot"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key}[{self.slot}]"

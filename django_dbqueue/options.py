@@ -27,7 +27,7 @@ table, or the admin does not show it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Literal, NamedTuple, TypedDict
@@ -146,6 +146,23 @@ OPTIONS: tuple[Option, ...] = (
         job_default=True,
         task_field="concurrency_limit",
     ),
+    Option(
+        "depends_on",
+        "Jobs (or ids) that must end DONE before this one runs; it waits as WAITING.",
+        bounds.check_depends_on,
+        "job",
+        many=False,  # enqueue_many(): docs/workflows.md, "Chains and groups"
+        column=False,  # the dbqueue_dependency rows
+    ),
+    Option(
+        "on_dependency_failure",
+        "With depends_on: 'cancel' (the default) or 'run' when a dependency fails.",
+        bounds.check_on_dependency_failure,
+        "job",
+        default="cancel",
+        many=False,
+        column=False,  # kept on the dependency rows
+    ),
 )
 
 BY_NAME: dict[str, Option] = {option.name: option for option in OPTIONS}
@@ -174,6 +191,8 @@ class EnqueueOptions(TypedDict, total=False):
     unique_key: str | None
     concurrency_key: str | None
     concurrency_limit: int | None
+    depends_on: Sequence[Any] | None
+    on_dependency_failure: Literal["cancel", "run"] | None
 
 
 class JobDefaults(TypedDict, total=False):

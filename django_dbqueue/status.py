@@ -11,6 +11,9 @@ class JobStatus(models.TextChoices):
     DONE = "done", "Done"
     FAILED = "failed", "Failed"
     CANCELLED = "cancelled", "Cancelled"
+    # Enqueued with dependencies that have not all finished (docs/workflows.md): not
+    # claimable; it becomes QUEUED in the transaction of its last dependency's finish.
+    WAITING = "waiting", "Waiting"
 
 
 # Plain strings for hand-written SQL parameters (drivers get a str, not an enum member).
@@ -19,4 +22,5 @@ CLAIMED: str = JobStatus.CLAIMED.value
 DONE: str = JobStatus.DONE.value
 FAILED: str = JobStatus.FAILED.value
 CANCELLED: str = JobStatus.CANCELLED.value
+WAITING: str = JobStatus.WAITING.value
 FINISHED: tuple[str, ...] = (DONE, FAILED, CANCELLED)

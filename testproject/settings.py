@@ -149,7 +149,7 @@ DBQUEUE: dict[str, Any] = {
     "LOCK_REDIS_ALIAS": "redis",
     # The test suite's jobs: tests/ is not an installed app, so the task discovery (every
     # app's tasks.py and jobs.py, like testproject/jobs.py) would not find them.
-    "TASK_MODULES": ["tests.support.jobs", "tests.worker.hostile"],
+    "TASK_MODULES": ["tests.support.jobs", "tests.support.flow_jobs", "tests.worker.hostile"],
 }
 if QUEUE_DB:
     # Database locks beside the queue: their fencing tokens live in dbqueue_counter.

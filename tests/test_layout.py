@@ -73,6 +73,7 @@ LAZY_IMPORTS = {
     # enqueueing and bulk import the models.
     ("django_dbqueue", "django_dbqueue.enqueueing"),
     ("django_dbqueue", "django_dbqueue.bulk"),
+    ("django_dbqueue", "django_dbqueue.workflows.batches"),
     # AppConfig.ready(): where Django wires an app once its models are loaded.
     ("django_dbqueue.apps", "django_dbqueue.checks"),
     ("django_dbqueue.apps", "django_dbqueue.signals"),

@@ -41,6 +41,8 @@ GOOD: dict[str, Any] = {
     "unique_key": "options:unique",
     "concurrency_key": "options:key",
     "concurrency_limit": 2,
+    "depends_on": [],  # no dependencies: tests/workflows/ covers them
+    "on_dependency_failure": "run",
 }
 # What a Task field of each option takes (the framework wants an aware run_after).
 TASK_GOOD = {**GOOD, "run_after": datetime(2100, 1, 1, tzinfo=UTC)}

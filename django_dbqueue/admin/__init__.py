@@ -1,8 +1,18 @@
-"""The admin room: job pages and dashboard, worker list, concurrency keys (autodiscovered)."""
+"""The admin room: jobs, dashboard, workers, concurrency keys, batches (autodiscovered)."""
 
-from django_dbqueue.admin import jobs, keys, workers
+from django_dbqueue.admin import batches, jobs, keys, workers
+from django_dbqueue.admin.batches import BatchAdmin
 from django_dbqueue.admin.jobs import JobAdmin  # documented for subclassing (docs/admin.md)
 from django_dbqueue.admin.keys import ConcurrencyKeyAdmin
 from django_dbqueue.admin.workers import WorkerAdmin
 
-__all__ = ["ConcurrencyKeyAdmin", "JobAdmin", "WorkerAdmin", "jobs", "keys", "workers"]
+__all__ = [
+    "BatchAdmin",
+    "ConcurrencyKeyAdmin",
+    "JobAdmin",
+    "WorkerAdmin",
+    "batches",
+    "jobs",
+    "keys",
+    "workers",
+]

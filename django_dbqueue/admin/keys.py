@@ -35,8 +35,31 @@ def _per_key(jobs: QuerySet[Job], aggregate: Any) -> Coalesce:
     return Coalesce(Subquery(value, output_field=IntegerField()), Value(0))
 
 
+class ForJobViewers:
+    """Read-only pages about the queue's jobs (keys, batches): whoever may view jobs may
+    view them; nobody adds, changes or deletes them."""
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        user: Any = request.user
+        return bool(user.is_active and user.is_staff) and (
+            user.has_perm("django_dbqueue.view_job") or user.has_perm("django_dbqueue.change_job")
+        )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 @admin.register(ConcurrencyKey)
-class ConcurrencyKeyAdmin(_ModelAdmin):
+class ConcurrencyKeyAdmin(ForJobViewers, _ModelAdmin):
     list_display = ("key_link", "limit", "running", "waiting", "parked_jobs")
     list_display_links = None  # no change page to link to: the key links to its jobs
     search_fields = ("key",)
@@ -83,22 +106,3 @@ class ConcurrencyKeyAdmin(_ModelAdmin):
     @admin.display(description="of which parked over the limit")
     def parked_jobs(self, key: Any) -> int:
         return int(key.parked_now)
-
-    # Whoever may view jobs may view their keys; nobody edits them.
-    def has_module_permission(self, request: HttpRequest) -> bool:
-        return self.has_view_permission(request)
-
-    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        user: Any = request.user
-        return bool(user.is_active and user.is_staff) and (
-            user.has_perm("django_dbqueue.view_job") or user.has_perm("django_dbqueue.change_job")
-        )
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

@@ -22,7 +22,8 @@ from django_dbqueue.queue.claim import CLAIM_ORDER
 from django_dbqueue.queue.concurrency import PARKED_UNTIL
 from django_dbqueue.queue.conflicts import retry_conflicts
 from django_dbqueue.queue.dialects import dialect, write_transaction
-from django_dbqueue.status import CANCELLED, CLAIMED, DONE, FAILED, FINISHED, QUEUED
+from django_dbqueue.queue.ends import settle
+from django_dbqueue.status import CANCELLED, CLAIMED, DONE, FAILED, FINISHED, QUEUED, WAITING
 
 if TYPE_CHECKING:
     from django_dbqueue.models import Job  # noqa: F401 (named in the base class below)
@@ -166,16 +167,19 @@ class JobQuerySet(models.QuerySet["Job"]):
         locked first so none moves between "queued" and "claimed" between the two writes
         (a job retried back to the queue in between would otherwise escape both).
         """
-        locked = self.select_for_update().filter(status__in=[QUEUED, CLAIMED])
+        locked = self.select_for_update().filter(status__in=[QUEUED, WAITING, CLAIMED])
         now = clock.now(locked.db)
 
         def cancel_locked() -> tuple[int, int]:
             with write_transaction(locked.db):  # select_for_update() routes it for writing
-                list(locked.values_list("id", flat=True))
-                active = self.using(locked.db).filter(status__in=[QUEUED, CLAIMED])
-                cancelled = active.filter(status=QUEUED).update(
+                rows = dict(locked.values_list("id", "status"))
+                active = self.using(locked.db).filter(id__in=list(rows))
+                idle = [job_id for job_id, status in rows.items() if status != CLAIMED]
+                cancelled = active.filter(id__in=idle, status__in=[QUEUED, WAITING]).update(
                     status=CANCELLED, finished_at=now, unique_key=None, owner_date=None
                 )
+                # Their dependents follow; their batches count them (docs/workflows.md).
+                settle(self.model, locked.db, dict.fromkeys(idle, CANCELLED))
                 asked = active.filter(status=CLAIMED).update(cancel_requested=True)
             return cancelled, asked
 

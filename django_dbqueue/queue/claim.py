@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_dbqueue.queue import clock
+from django_dbqueue.queue import clock, ratelimits
 from django_dbqueue.queue.concurrency import admit, release_parked
 from django_dbqueue.queue.dialects import (
     dialect,
@@ -66,6 +66,13 @@ def claim(
     # Concurrency keys: parked jobs whose key has a free slot become runnable. Looked
     # for now and then before a claim, and always before a claim comes back empty.
     release_parked(model, using, locking)
+    limits = ratelimits.limited(queue_list)  # DBQUEUE["RATE_LIMITS"]: docs/workflows.md
+    if limits:
+
+        def claim_some(some: list[str], size: int) -> list[Job]:
+            return _claim(model, using, owner, size, some, locking)
+
+        return Claimed(ratelimits.claim_limited(using, queue_list, limits, batch_size, claim_some))
     jobs = _claim(model, using, owner, batch_size, queue_list, locking)
     if not jobs and release_parked(model, using, locking, force=True):
         jobs = _claim(model, using, owner, batch_size, queue_list, locking)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import nullcontext
 from datetime import timedelta
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,8 @@ from django.db.models.functions import Coalesce
 from django_dbqueue.conf import settings
 from django_dbqueue.queue import announce, clock
 from django_dbqueue.queue.concurrency import release_freed
-from django_dbqueue.queue.dialects import dialect
+from django_dbqueue.queue.dialects import dialect, write_transaction
+from django_dbqueue.queue.ends import settle
 from django_dbqueue.queue.leases import owned
 from django_dbqueue.status import CANCELLED, CLAIMED, DONE, FAILED, QUEUED
 
@@ -41,10 +43,63 @@ def finish_done(model: type[Job], using: str, owner: str, jobs: Sequence[Job]) -
     Jobs another worker took over meanwhile (our lease ran out) are left alone. This
     runs once per batch on the hot path, so it is one statement, in autocommit,
     written by hand: the ORM spends longer building a CASE over a hundred rows than
-    the database spends running it.
+    the database spends running it. Jobs of a workflow (dependents, a batch) are
+    finished in a transaction of their own with their dependents and batch counts
+    (:func:`_finish_workflow`); the plain UPDATE leaves alone any row marked as one
+    after the claim read it (a dependent enqueued while it ran), which then goes there.
     """
     if not jobs:
         return set()
+    plain = [job for job in jobs if not job.__dict__.get("workflow")]
+    finished = set()
+    if plain:
+        ids = [j.id for j in plain]
+        updated = _update_done(model, using, owner, plain, plain_only=True)
+        finished = set(ids) if updated == len(ids) else _done_by(model, using, owner, ids)
+    rest = [job for job in jobs if job.id not in finished]
+    if rest:
+        finished |= _finish_workflow(model, using, owner, rest)
+    now = clock.now(using)
+    for job in jobs:
+        if job.id in finished:
+            job.status, job.finished_at, job.unique_key = DONE, now, None
+            job.cancel_requested = False
+    free_slots(model, using, [job for job in jobs if job.id in finished])
+    return finished
+
+
+def _finish_workflow(model: type[Job], using: str, owner: str, jobs: Sequence[Job]) -> set[int]:
+    """DONE for jobs that may have dependents or a batch (or were taken over), with
+    their dependents released and their batch counts moved in the same transaction."""
+    ids = [job.id for job in jobs]
+    with write_transaction(using):
+        # Locked by primary key only (InnoDB locks every index record a locking read
+        # scans: a status index would lock other workers' claimed rows); ours checked here.
+        locked = model.objects.using(using).select_for_update().filter(id__in=ids)
+        fields = ("id", "batch_id", "batch_counted", "status", "owner")
+        rows = [r[:3] for r in locked.values_list(*fields) if r[3:] == (CLAIMED, owner)]
+        if not rows:
+            return set()
+        ours = {row[0] for row in rows}
+        # Batch members are counted by the same UPDATE (batch_counted), so a member's
+        # finish writes its row once and one counter shard.
+        members = [(job_id, batch) for job_id, batch, counted in rows if batch and not counted]
+        done = [j for j in jobs if j.id in ours]
+        _update_done(model, using, owner, done, plain_only=False, count=bool(members))
+        settle(model, using, dict.fromkeys(ours, DONE), members)
+    return ours
+
+
+def _update_done(
+    model: type[Job],
+    using: str,
+    owner: str,
+    jobs: Sequence[Job],
+    plain_only: bool,
+    count: bool = False,
+) -> int:
+    """The guarded UPDATE to DONE of ``jobs`` (with ``plain_only``, of rows not marked
+    ``workflow``; with ``count``, marking batch members counted); returns the row count."""
     conn = connections[using]
     meta = model._meta
     qn = conn.ops.quote_name
@@ -60,6 +115,9 @@ def finish_done(model: type[Job], using: str, owner: str, jobs: Sequence[Job]) -
         meta.get_field("finished_at").get_db_prep_value(now, conn),
         meta.get_field("cancel_requested").get_db_prep_value(False, conn),
     ]
+    if count:
+        assignments.append(f"{qn('batch_counted')} = %s")
+        params.append(True)
     ids = [j.id for j in jobs]
     speaks = dialect(conn)
     # The rows by primary key; started_at is the first attempt's start: written only
@@ -79,22 +137,25 @@ def finish_done(model: type[Job], using: str, owner: str, jobs: Sequence[Job]) -
     _per_job(qn, jobs, "result", prepare, assignments, params)
     # Only quoted column names and %s placeholders are formatted in; every value
     # goes through the driver's parameters.
-    guard = speaks.by_id_only(f"{qn('status')} = %s AND {qn('owner')} = %s")
+    guarded, guard_params = _guard(qn, owner, plain_only)
+    guard = speaks.by_id_only(guarded)
     sql = (
         f"UPDATE {rows.target} SET {', '.join(assignments)} "  # noqa: S608
         f"WHERE {rows.where} AND {guard}"
     )
-    args = [*rows.target_params, *params, *rows.where_params, CLAIMED, owner]
+    args = [*rows.target_params, *params, *rows.where_params, *guard_params]
     with conn.cursor() as cursor:
         cursor.execute(sql, args)
-        updated = cursor.rowcount
-    finished = set(ids) if updated == len(ids) else _done_by(model, using, owner, ids)
-    for job in jobs:
-        if job.id in finished:
-            job.status, job.finished_at, job.unique_key = DONE, now, None
-            job.cancel_requested = False
-    free_slots(model, using, [job for job in jobs if job.id in finished])
-    return finished
+        return int(cursor.rowcount)
+
+
+def _guard(qn: Any, owner: str, plain_only: bool) -> tuple[str, list[Any]]:
+    """The finish's guard: still claimed by ``owner`` (and, with ``plain_only``, not
+    marked ``workflow``: such a row is finished with its dependents instead)."""
+    if plain_only:
+        sql = f"{qn('status')} = %s AND {qn('owner')} = %s AND {qn('workflow')} = %s"
+        return sql, [CLAIMED, owner, False]
+    return f"{qn('status')} = %s AND {qn('owner')} = %s", [CLAIMED, owner]
 
 
 def _per_job(
@@ -176,8 +237,12 @@ def finish_failed_attempt(
     if job.started_at is not None:
         # The first attempt's start: written only while NULL.
         writes["started_at"] = Coalesce(F("started_at"), Value(job.started_at, DateTimeField()))
-    if not owned(model, using, owner).filter(id=job.id).update(**writes):
-        return None
+    final = fields["status"] == FAILED
+    with write_transaction(using) if final else nullcontext():
+        if not owned(model, using, owner).filter(id=job.id).update(**writes):
+            return None
+        if final:
+            settle(model, using, {job.id: FAILED})
     for name, value in fields.items():
         setattr(job, name, value)
     free_slots(model, using, [job])
@@ -201,11 +266,14 @@ def give_back(model: type[Job], using: str, owner: str, ids: Sequence[int]) -> i
 
 def cancel_claimed(model: type[Job], using: str, owner: str, job: Job, reason: str) -> bool:
     now = clock.now(using)
-    cancelled = bool(
-        owned(model, using, owner)
-        .filter(id=job.id)
-        .update(status=CANCELLED, finished_at=now, unique_key=None, last_error=reason)
-    )
+    with write_transaction(using):
+        cancelled = bool(
+            owned(model, using, owner)
+            .filter(id=job.id)
+            .update(status=CANCELLED, finished_at=now, unique_key=None, last_error=reason)
+        )
+        if cancelled:
+            settle(model, using, {job.id: CANCELLED})
     if cancelled:
         free_slots(model, using, [job])
     return cancelled

@@ -13,6 +13,7 @@ from django.db.models.functions import Coalesce
 from django_dbqueue.conf import settings
 from django_dbqueue.queue import clock
 from django_dbqueue.queue.dialects import write_transaction
+from django_dbqueue.queue.ends import settle
 from django_dbqueue.status import CLAIMED, FAILED, QUEUED
 
 if TYPE_CHECKING:
@@ -134,9 +135,12 @@ def recover_expired(
             doing = " while running this job" if shown.get(owner) == job_id else ""
             message = f"{lost}{doing} (attempt {attempts} of {max_attempts} counted)."
             if attempts >= max_attempts:
-                failed += guard.update(
+                ended = guard.update(
                     status=FAILED, finished_at=now, unique_key=None, last_error=message
                 )
+                if ended:
+                    settle(model, using, {job_id: FAILED})
+                failed += ended
             else:
                 requeued += guard.update(
                     status=QUEUED, owner_date=None, run_after=now, last_error=message

@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 from django.db import IntegrityError, router, transaction
 
 from django_dbqueue.conf import settings
-from django_dbqueue.models import Duty, Job
+from django_dbqueue.models import Dependency, Duty, Job
 from django_dbqueue.queue import clock
 from django_dbqueue.queue.concurrency import prune_keys
 from django_dbqueue.status import CANCELLED, DONE, FAILED
@@ -135,6 +135,7 @@ def prune(
                 break
             # By primary key, re-checking the status: a job requeued since we read it stays.
             count, _ = jobs.filter(id__in=ids, status=cutoff.status).delete()
+            _forget_edges(using, ids)
             deleted += count
             if on_batch is not None:
                 on_batch(cutoff.status, count)
@@ -143,6 +144,14 @@ def prune(
             if pause:
                 time.sleep(pause * (time.monotonic() - batch_started))
     return deleted, True
+
+
+def _forget_edges(using: str, ids: list[int]) -> None:
+    """The dependency rows of pruned jobs (docs/workflows.md): a finished job's edges
+    served its wait and its results; those of a job that stayed (requeued) are kept."""
+    edges = Dependency.objects.using(using)
+    kept = Job.objects.using(using).filter(id__in=ids).values("id")
+    edges.filter(job_id__in=ids).exclude(job_id__in=kept).delete()
 
 
 def claim_duty(name: str, interval: float, now: datetime | None = None) -> bool:

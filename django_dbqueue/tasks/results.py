@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 STATUS_MAP: dict[str, TaskResultStatus] = {
     "queued": TaskResultStatus.READY,
+    "waiting": TaskResultStatus.READY,
     "claimed": TaskResultStatus.RUNNING,
     "done": TaskResultStatus.SUCCESSFUL,
     "failed": TaskResultStatus.FAILED,

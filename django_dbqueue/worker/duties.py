@@ -15,12 +15,15 @@ from django_dbqueue.conf import settings
 from django_dbqueue.queue.pausing import PauseWatcher
 from django_dbqueue.queue.retention import prune_if_due
 from django_dbqueue.scheduling.ticks import Ticker, prune_ticks
+from django_dbqueue.workflows.sweep import Sweeper
 
 logger = logging.getLogger("django_dbqueue.supervisor")
 # How often a supervisor asks at most whether it is its turn to prune (the database
 # decides; this only bounds how often each supervisor asks; a shorter RETENTION_INTERVAL
 # asks more often).
 PRUNE_ASK_EVERY = 10.0
+# How often a supervisor sweeps the workflows (workflows/sweep.py): two bounded reads.
+SWEEP_EVERY = 5.0
 
 
 class Duties:
@@ -31,6 +34,8 @@ class Duties:
         self._ask_every = min(PRUNE_ASK_EVERY, float(settings.RETENTION_INTERVAL))
         self._prune_at = time.monotonic()  # ask at start: a --burst run may be short
         self._last_note = ""
+        self.sweeper = Sweeper()
+        self._sweep_at = time.monotonic()
 
     def run(self) -> None:
         """One turn; database errors propagate to the supervisor's retry."""
@@ -53,6 +58,9 @@ class Duties:
                 logger.info(
                     "Retention: deleted %s finished job(s)", deleted, extra={"event": "pruned"}
                 )
+        if now >= self._sweep_at:
+            self._sweep_at = now + SWEEP_EVERY
+            self.sweeper.run()
         self._say_paused()
 
     def _say_paused(self) -> None:

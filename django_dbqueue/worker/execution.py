@@ -21,6 +21,7 @@ from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import InvalidJob, JobTimeout
 from django_dbqueue.models import Job
 from django_dbqueue.observability import hooks
+from django_dbqueue.workflows.results import CURRENT_JOB
 
 
 class ResultNotSerializable(TypeError):
@@ -51,10 +52,14 @@ def call_job(job: Job) -> Any:
     With tracing or metrics on, it runs inside their wrappers (observability/hooks.py).
     """
     wrapped = hooks.around(job)
-    if wrapped is None:
-        return _call(job)
-    with wrapped:
-        return _call(job)
+    token = CURRENT_JOB.set(job.id)  # what dependency_results() reads (workflows/results.py)
+    try:
+        if wrapped is None:
+            return _call(job)
+        with wrapped:
+            return _call(job)
+    finally:
+        CURRENT_JOB.reset(token)
 
 
 def runs_async(job: Job) -> bool:
