@@ -52,23 +52,26 @@ def finish_done(model: type[Job], using: str, owner: str, jobs: Sequence[Job]) -
     now = timezone.now()
     assignments = [
         f"{qn('status')} = %s",
-        f"{qn('finished_at')} = %s",
         f"{qn('unique_key')} = NULL",
         f"{qn('cancel_requested')} = %s",
     ]
     params: list[Any] = [
         DONE,
-        meta.get_field("finished_at").get_db_prep_value(now, conn),
         meta.get_field("cancel_requested").get_db_prep_value(False, conn),
     ]
     ids = [j.id for j in jobs]
     speaks = dialect(conn)
     # The rows by primary key; started_at is the first attempt's start: written only
     # while NULL (the supervisor may have written it while the attempt ran). Start times
-    # are aware datetimes from timezone.now(). (__dict__: a claimed job's result and
-    # start time are not read from the row; only what the run set counts.)
+    # are aware datetimes from timezone.now(). finished_at is when the job's code
+    # returned, as the run noted it, not the time of this (batched) write. (__dict__: a
+    # claimed job's result, start and end are not read from the row; only what the run
+    # set counts.)
     started = {j.id: value for j in jobs if (value := j.__dict__.get("started_at")) is not None}
-    rows = speaks.done_rows(conn, qn(meta.db_table), ids, started)
+    ended = {j.id: value for j in jobs if (value := j.__dict__.get("finished_at")) is not None}
+    rows = speaks.done_rows(conn, qn(meta.db_table), ids, started, ended, now)
+    assignments.append(rows.finished)
+    params += rows.finished_params
     if rows.started is not None:
         assignments.append(rows.started)
         params += rows.started_params
@@ -92,7 +95,8 @@ def finish_done(model: type[Job], using: str, owner: str, jobs: Sequence[Job]) -
     finished = set(ids) if updated == len(ids) else _done_by(model, using, owner, ids)
     for job in jobs:
         if job.id in finished:
-            job.status, job.finished_at, job.unique_key = DONE, now, None
+            job.status, job.unique_key = DONE, None
+            job.finished_at = ended.get(job.id, now)
             job.cancel_requested = False
     free_slots(model, using, [job for job in jobs if job.id in finished])
     return finished
@@ -155,16 +159,7 @@ def finish_failed_attempt(
     Returns the new status, or None when the job was no longer ours to finish.
     """
     now = timezone.now()
-    errors = list(job.errors or [])
-    errors.append(
-        {
-            "exception_class_path": error_class,
-            "traceback": error,
-            "at": now.isoformat(),
-            "worker": owner,
-        }
-    )
-    errors = errors[-int(settings.KEEP_ERRORS) :]
+    errors = _with_error(job, error, error_class, owner, now)
     fields: dict[str, Any] = {"last_error": error, "errors": errors, "cancel_requested": False}
     if job.last_attempted_at is not None:
         fields["last_attempted_at"] = job.last_attempted_at
@@ -183,6 +178,37 @@ def finish_failed_attempt(
         setattr(job, name, value)
     free_slots(model, using, [job])
     return str(fields["status"])
+
+
+def _with_error(
+    job: Job, error: str, error_class: str, owner: str, now: Any
+) -> list[dict[str, Any]]:
+    """The job's error history with this one added (the last KEEP_ERRORS kept)."""
+    errors = list(job.errors or [])
+    entry = {"exception_class_path": error_class, "traceback": error, "at": now.isoformat()}
+    errors.append({**entry, "worker": owner})
+    return errors[-int(settings.KEEP_ERRORS) :]
+
+
+def give_back_suspect(
+    model: type[Job], using: str, owner: str, job: Job, error: str, error_class: str
+) -> bool:
+    """A job whose process died while it ran beside others, which one caused it unknown:
+    back to the queue at once, attempt not counted, the death added to its errors (the
+    mark by which a worker runs it alone from now on: worker/deaths.py)."""
+    errors = _with_error(job, error, error_class, owner, timezone.now())
+    updated = (
+        owned(model, using, owner)
+        .filter(id=job.id)
+        .update(
+            status=QUEUED,
+            owner_date=None,
+            attempts=F("attempts") - 1,
+            last_error=error,
+            errors=errors,
+        )
+    )
+    return bool(updated)
 
 
 def give_back(model: type[Job], using: str, owner: str, ids: Sequence[int]) -> int:

@@ -32,8 +32,9 @@ class Duties:
         self._prune_at = time.monotonic()  # ask at start: a --burst run may be short
         self._last_note = ""
 
-    def run(self) -> None:
-        """One turn; database errors propagate to the supervisor's retry."""
+    def run(self) -> int:
+        """One turn: how many ticks it enqueued; database errors propagate to the
+        supervisor's retry."""
         enqueued = self.ticker.run_due()
         for tick in enqueued:
             logger.info(
@@ -54,6 +55,7 @@ class Duties:
                     "Retention: deleted %s finished job(s)", deleted, extra={"event": "pruned"}
                 )
         self._say_paused()
+        return len(enqueued)
 
     def _say_paused(self) -> None:
         if self.note is None:
