@@ -174,8 +174,8 @@ class Supervisor:
             self._respawn_at[index] = now + delay
 
     def _burst_on(self) -> None:
-        """--burst: ticks were enqueued after children ran out of work: run them too."""
-        for index in range(self.concurrency):
+        """--burst: ticks were enqueued as children ran out of work: run them too."""
+        for index in range(self.concurrency if not self._signals else 0):
             if index not in self._children and index not in self._respawn_at:
                 self._respawn_at[index] = time.monotonic()
 
@@ -367,7 +367,9 @@ class Supervisor:
             self._settle_graves()
             self._register_children()
             self._beat()
-            if self.duties.run() and self.options.get("burst") and not self._signals:
+            burst = bool(self.options.get("burst"))
+            # A --burst run enqueues ticks only while its children run, and runs each.
+            if (self._children or not burst) and self.duties.run() and burst:
                 self._burst_on()
         except TRANSIENT_ERRORS as exc:
             logger.warning(
