@@ -197,16 +197,15 @@ def give_back_suspect(
     back to the queue at once, attempt not counted, the death added to its errors (the
     mark by which a worker runs it alone from now on: worker/deaths.py)."""
     errors = _with_error(job, error, error_class, owner, timezone.now())
+    return _back_uncharged(model, using, owner, job.id, last_error=error, errors=errors)
+
+
+def _back_uncharged(model: type[Job], using: str, owner: str, job_id: int, **fields: Any) -> bool:
+    """Back to the queue, the claim's attempt not counted, ``fields`` written too."""
     updated = (
         owned(model, using, owner)
-        .filter(id=job.id)
-        .update(
-            status=QUEUED,
-            owner_date=None,
-            attempts=F("attempts") - 1,
-            last_error=error,
-            errors=errors,
-        )
+        .filter(id=job_id)
+        .update(status=QUEUED, owner_date=None, attempts=F("attempts") - 1, **fields)
     )
     return bool(updated)
 
@@ -243,17 +242,8 @@ def retry_later(
 ) -> bool:
     """The job asked to run again later (RetryJob): requeue it, attempt not counted."""
     run_after = timezone.now() + timedelta(seconds=delay)
-    updated = (
-        owned(model, using, owner)
-        .filter(id=job.id)
-        .update(
-            status=QUEUED,
-            run_after=run_after,
-            owner_date=None,
-            attempts=F("attempts") - 1,
-            last_error=f"Deferred by the job itself: {reason}",
-        )
-    )
+    reason = f"Deferred by the job itself: {reason}"
+    updated = _back_uncharged(model, using, owner, job.id, run_after=run_after, last_error=reason)
     if updated:
         job.status, job.run_after, job.attempts = QUEUED, run_after, job.attempts - 1
         free_slots(model, using, [job])

@@ -62,6 +62,13 @@ def statuses(batch: list[Job]) -> set[str]:
     )
 
 
+def gated(gate: Path, prefix: str, count: int) -> list[Job]:
+    """``count`` jobs that run until ``gate`` exists, each noting its start (``prefix`` i)."""
+    return enqueue_many(
+        {"task": jobs.hold_until, "args": [str(gate), f"{prefix}{i}"]} for i in range(count)
+    )
+
+
 def stop(proc: object, sig: signal.Signals = signal.SIGTERM) -> str:
     proc.send_signal(sig)  # type: ignore[attr-defined]
     out, _ = proc.communicate(timeout=120)  # type: ignore[attr-defined]
@@ -146,7 +153,7 @@ def test_no_quick_job_waits_behind_long_ones_while_a_lane_is_idle(
     quick job is done while both long ones still run; none was held behind them."""
     gate = tmp_path / "open"
     first = enqueue_many({"task": jobs.record, "args": [f"a{i}"]} for i in range(6))
-    long = enqueue_many({"task": jobs.hold_until, "args": [str(gate), f"L{i}"]} for i in range(2))
+    long = gated(gate, "L", 2)
     rest = enqueue_many({"task": jobs.record, "args": [f"b{i}"]} for i in range(14))
     quick = first + rest
     proc = processes.run_jobs(*layout, "--batch-size", "50", env=worker_env())
@@ -170,9 +177,7 @@ def test_running_jobs_show_their_start_in_the_job_the_workers_page_and_dashboard
 ) -> None:
     gate = tmp_path / "open"
     lanes = int(mode[-1])
-    held = enqueue_many(
-        {"task": jobs.hold_until, "args": [str(gate), f"h{i}"]} for i in range(lanes)
-    )
+    held = gated(gate, "h", lanes)
     proc = processes.run_jobs(*mode, env=worker_env())
     try:
         wait_until(lambda: Execution.objects.count() == lanes, timeout=120)
@@ -255,9 +260,7 @@ def test_first_stop_signal_says_what_finishes_and_what_is_handed_back(
 ) -> None:
     gate = tmp_path / "open"
     lanes = int(mode[-1])
-    batch = enqueue_many(
-        {"task": jobs.hold_until, "args": [str(gate), f"s{i}"]} for i in range(lanes + 3)
-    )
+    batch = gated(gate, "s", lanes + 3)
     proc = processes.run_jobs(*mode, "--batch-size", str(lanes + 3), env=worker_env(CLAIM_AHEAD=0))
     wait_until(lambda: Execution.objects.count() == lanes, timeout=120)
     wait_until(lambda: statuses(batch) == {Job.Status.CLAIMED}, timeout=30)
