@@ -32,8 +32,8 @@ class Duties:
         self._prune_at = time.monotonic()  # ask at start: a --burst run may be short
         self._last_note = ""
 
-    def run(self) -> int:
-        """One turn: how many ticks it enqueued; database errors propagate to the
+    def run(self) -> list[int]:
+        """One turn: the jobs of the ticks it enqueued; database errors propagate to the
         supervisor's retry."""
         enqueued = self.ticker.run_due()
         for tick in enqueued:
@@ -55,7 +55,7 @@ class Duties:
                     "Retention: deleted %s finished job(s)", deleted, extra={"event": "pruned"}
                 )
         self._say_paused()
-        return len(enqueued)
+        return [tick.job_id for tick in enqueued if tick.job_id is not None]
 
     def _say_paused(self) -> None:
         if self.note is None:

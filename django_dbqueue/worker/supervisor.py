@@ -27,6 +27,7 @@ from typing import Any
 from django.db import connections
 
 from django_dbqueue.conf import settings
+from django_dbqueue.models import Job
 from django_dbqueue.models import WorkerProcess as WorkerRow
 from django_dbqueue.worker import deaths, rows
 from django_dbqueue.worker.children import Child, child_main, still_on
@@ -76,6 +77,7 @@ class Supervisor:
         self._retired = Stats()  # outcomes of children gone, so totals never go back
         self._processed = [0] * concurrency  # per slot, by children gone (--max-jobs shares)
         self._signals = 0
+        self._burst_ticks: set[int] = set()  # --burst: jobs of the ticks it enqueued
         self._stop_signal, self._told = int(signal.SIGTERM), True
         self._kill_all_at: float | None = None
         self._next_beat = 0.0
@@ -173,11 +175,20 @@ class Supervisor:
             delay = min(5.0, 0.1 * 2 ** self._quick_deaths[index]) if quick else 0.0
             self._respawn_at[index] = now + delay
 
-    def _burst_on(self) -> None:
-        """--burst: ticks were enqueued as children ran out of work: run them too."""
-        for index in range(self.concurrency if not self._signals else 0):
-            if index not in self._children and index not in self._respawn_at:
-                self._respawn_at[index] = time.monotonic()
+    def _burst_duties(self) -> None:
+        """--burst: enqueue ticks only while children run, and run every one enqueued: a
+        child that ran out of work as a tick came is started again while it waits."""
+        if self._children:
+            self._burst_ticks.update(self.duties.run())
+        if not self._burst_ticks or self._signals:
+            return
+        idle = [i for i in range(self.concurrency) if i not in self._children]
+        if not idle or self._respawn_at:
+            return
+        queued = Job.objects.filter(pk__in=self._burst_ticks, status=Job.Status.QUEUED)
+        self._burst_ticks = set(queued.values_list("id", flat=True))
+        for index in idle[: len(self._burst_ticks)]:
+            self._respawn_at[index] = time.monotonic()
 
     def _settle_graves(self) -> None:
         for remains in list(self._graves):
@@ -264,18 +275,15 @@ class Supervisor:
         """One line for each stop signal: what is finished and what is handed back."""
         if self._told or not self._signals:
             return
-        self._told = True
-        slots = [child.slot for child in self._children.values()]
+        self._told, slots = True, [child.slot for child in self._children.values()]
         line = stop_line(signal.Signals(self._stop_signal).name, self._signals, slots)
         if self.progress is not None:
             self.progress.note(line)
         logger.info("Supervisor: %s", line, extra={"event": "stopping", "worker": self.name})
 
     def _pass_on_stop(self) -> None:
-        """Tell a child that missed it that we are stopping: the signal came while it was
-        being started, after the handler had gone through the children it knew. (The
-        count is set before sending, so the handler, should it run in between, skips it.)
-        """
+        """Tell a child that missed it (started as the handler ran) that we are stopping.
+        (The count is set before sending, so the handler, if it runs in between, skips it.)"""
         if self._signals:
             for child in self._children.values():
                 if not child.stops_sent:
@@ -349,7 +357,8 @@ class Supervisor:
         retry_transient(recover, logger, "Supervisor recovering", self._stopping_give_up)
         self._next_beat = time.monotonic() + float(settings.HEARTBEAT_INTERVAL)
         # The ticks due now, before a --burst run's children look for work.
-        retry_transient(self.duties.run, logger, "Supervisor starting", self._stopping_give_up)
+        give_up = self._stopping_give_up
+        self._burst_ticks.update(retry_transient(self.duties.run, logger, "Starting", give_up))
         for index in range(self.concurrency):
             if self._signals:
                 break  # told to stop while starting: start no children
@@ -367,10 +376,10 @@ class Supervisor:
             self._settle_graves()
             self._register_children()
             self._beat()
-            burst = bool(self.options.get("burst"))
-            # A --burst run enqueues ticks only while its children run, and runs each.
-            if (self._children or not burst) and self.duties.run() and burst:
-                self._burst_on()
+            if not self.options.get("burst"):
+                self.duties.run()
+            else:
+                self._burst_duties()
         except TRANSIENT_ERRORS as exc:
             logger.warning(
                 "Supervisor: database error (%s); will retry",
