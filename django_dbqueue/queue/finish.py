@@ -50,15 +50,9 @@ def finish_done(model: type[Job], using: str, owner: str, jobs: Sequence[Job]) -
     meta = model._meta
     qn = conn.ops.quote_name
     now = timezone.now()
-    assignments = [
-        f"{qn('status')} = %s",
-        f"{qn('unique_key')} = NULL",
-        f"{qn('cancel_requested')} = %s",
-    ]
-    params: list[Any] = [
-        DONE,
-        meta.get_field("cancel_requested").get_db_prep_value(False, conn),
-    ]
+    assignments = [f"{qn('status')} = %s", f"{qn('unique_key')} = NULL"]
+    assignments.append(f"{qn('cancel_requested')} = %s")
+    params: list[Any] = [DONE, meta.get_field("cancel_requested").get_db_prep_value(False, conn)]
     ids = [j.id for j in jobs]
     speaks = dialect(conn)
     # The rows by primary key; started_at is the first attempt's start: written only
@@ -95,9 +89,8 @@ def finish_done(model: type[Job], using: str, owner: str, jobs: Sequence[Job]) -
     finished = set(ids) if updated == len(ids) else _done_by(model, using, owner, ids)
     for job in jobs:
         if job.id in finished:
-            job.status, job.unique_key = DONE, None
+            job.status, job.unique_key, job.cancel_requested = DONE, None, False
             job.finished_at = ended.get(job.id, now)
-            job.cancel_requested = False
     free_slots(model, using, [job for job in jobs if job.id in finished])
     return finished
 
