@@ -59,11 +59,11 @@ def finish_done(model: type[Job], using: str, owner: str, jobs: Sequence[Job]) -
     rest = [job for job in jobs if job.id not in finished]
     if rest:
         finished |= _finish_workflow(model, using, owner, rest)
-    now = clock.now(using)
+    now, ended = clock.now(using), _ends(jobs)
     for job in jobs:
         if job.id in finished:
-            job.status, job.finished_at, job.unique_key = DONE, now, None
-            job.cancel_requested = False
+            job.status, job.unique_key, job.cancel_requested = DONE, None, False
+            job.finished_at = ended.get(job.id, now)
     free_slots(model, using, [job for job in jobs if job.id in finished])
     return finished
 
@@ -104,17 +104,9 @@ def _update_done(
     meta = model._meta
     qn = conn.ops.quote_name
     now = clock.now(using)
-    assignments = [
-        f"{qn('status')} = %s",
-        f"{qn('finished_at')} = %s",
-        f"{qn('unique_key')} = NULL",
-        f"{qn('cancel_requested')} = %s",
-    ]
-    params: list[Any] = [
-        DONE,
-        meta.get_field("finished_at").get_db_prep_value(now, conn),
-        meta.get_field("cancel_requested").get_db_prep_value(False, conn),
-    ]
+    assignments = [f"{qn('status')} = %s", f"{qn('unique_key')} = NULL"]
+    assignments.append(f"{qn('cancel_requested')} = %s")
+    params: list[Any] = [DONE, meta.get_field("cancel_requested").get_db_prep_value(False, conn)]
     if count:
         assignments.append(f"{qn('batch_counted')} = %s")
         params.append(True)
@@ -122,10 +114,14 @@ def _update_done(
     speaks = dialect(conn)
     # The rows by primary key; started_at is the first attempt's start: written only
     # while NULL (the supervisor may have written it while the attempt ran). Start times
-    # are aware datetimes from timezone.now(). (__dict__: a claimed job's result and
-    # start time are not read from the row; only what the run set counts.)
+    # are aware datetimes. finished_at is when the job's code
+    # returned, as the run noted it, not the time of this (batched) write. (__dict__: a
+    # claimed job's result, start and end are not read from the row; only what the run
+    # set counts.)
     started = {j.id: value for j in jobs if (value := j.__dict__.get("started_at")) is not None}
-    rows = speaks.done_rows(conn, qn(meta.db_table), ids, started)
+    rows = speaks.done_rows(conn, qn(meta.db_table), ids, started, _ends(jobs), now)
+    assignments.append(rows.finished)
+    params += rows.finished_params
     if rows.started is not None:
         assignments.append(rows.started)
         params += rows.started_params
@@ -147,6 +143,11 @@ def _update_done(
     with conn.cursor() as cursor:
         cursor.execute(sql, args)
         return int(cursor.rowcount)
+
+
+def _ends(jobs: Sequence[Job]) -> dict[int, Any]:
+    """When each job's code returned, as its run noted it (none: the write's time)."""
+    return {j.id: value for j in jobs if (value := j.__dict__.get("finished_at")) is not None}
 
 
 def _guard(qn: Any, owner: str, plain_only: bool) -> tuple[str, list[Any]]:
@@ -215,16 +216,7 @@ def finish_failed_attempt(
     Returns the new status, or None when the job was no longer ours to finish.
     """
     now = clock.now(using)
-    errors = list(job.errors or [])
-    errors.append(
-        {
-            "exception_class_path": error_class,
-            "traceback": error,
-            "at": now.isoformat(),
-            "worker": owner,
-        }
-    )
-    errors = errors[-int(settings.KEEP_ERRORS) :]
+    errors = _with_error(job, error, error_class, owner, now)
     fields: dict[str, Any] = {"last_error": error, "errors": errors, "cancel_requested": False}
     if job.last_attempted_at is not None:
         fields["last_attempted_at"] = job.last_attempted_at
@@ -247,6 +239,36 @@ def finish_failed_attempt(
         setattr(job, name, value)
     free_slots(model, using, [job])
     return str(fields["status"])
+
+
+def _with_error(
+    job: Job, error: str, error_class: str, owner: str, now: Any
+) -> list[dict[str, Any]]:
+    """The job's error history with this one added (the last KEEP_ERRORS kept)."""
+    errors = list(job.errors or [])
+    entry = {"exception_class_path": error_class, "traceback": error, "at": now.isoformat()}
+    errors.append({**entry, "worker": owner})
+    return errors[-int(settings.KEEP_ERRORS) :]
+
+
+def give_back_suspect(
+    model: type[Job], using: str, owner: str, job: Job, error: str, error_class: str
+) -> bool:
+    """A job whose process died while it ran beside others, which one caused it unknown:
+    back to the queue at once, attempt not counted, the death added to its errors (the
+    mark by which a worker runs it alone from now on: worker/deaths.py)."""
+    errors = _with_error(job, error, error_class, owner, clock.now(using))
+    return _back_uncharged(model, using, owner, job.id, last_error=error, errors=errors)
+
+
+def _back_uncharged(model: type[Job], using: str, owner: str, job_id: int, **fields: Any) -> bool:
+    """Back to the queue, the claim's attempt not counted, ``fields`` written too."""
+    updated = (
+        owned(model, using, owner)
+        .filter(id=job_id)
+        .update(status=QUEUED, owner_date=None, attempts=F("attempts") - 1, **fields)
+    )
+    return bool(updated)
 
 
 def give_back(model: type[Job], using: str, owner: str, ids: Sequence[int]) -> int:
@@ -284,17 +306,8 @@ def retry_later(
 ) -> bool:
     """The job asked to run again later (RetryJob): requeue it, attempt not counted."""
     run_after = clock.now(using) + timedelta(seconds=delay)
-    updated = (
-        owned(model, using, owner)
-        .filter(id=job.id)
-        .update(
-            status=QUEUED,
-            run_after=run_after,
-            owner_date=None,
-            attempts=F("attempts") - 1,
-            last_error=f"Deferred by the job itself: {reason}",
-        )
-    )
+    reason = f"Deferred by the job itself: {reason}"
+    updated = _back_uncharged(model, using, owner, job.id, run_after=run_after, last_error=reason)
     if updated:
         job.status, job.run_after, job.attempts = QUEUED, run_after, job.attempts - 1
         free_slots(model, using, [job])

@@ -57,6 +57,9 @@ class BaseJobManager(models.Manager["Job"]):
     def give_back(self, owner: str, ids: Sequence[int]) -> int:
         return finish.give_back(self.model, self._using(), owner, ids)
 
+    def give_back_suspect(self, owner: str, job: Job, error: str, error_class: str) -> bool:
+        return finish.give_back_suspect(self.model, self._using(), owner, job, error, error_class)
+
     def cancel_claimed(self, owner: str, job: Job, reason: str) -> bool:
         return finish.cancel_claimed(self.model, self._using(), owner, job, reason)
 

@@ -16,10 +16,13 @@ ends them all:
   charged as above; the others it was running go back uncharged, "killed with a
   sibling" (they run again from the start);
 - a second stop signal: every running job is charged (WorkerShutdown), as each ignored it;
-- any other death (segfault, ``os._exit``, OOM, ``kill -9``): which thread caused it
-  cannot be told, so every job it was running gets its attempt counted, the error naming
-  the others. A job that crashes its process therefore costs its running siblings an
-  attempt each: run such jobs with ``--threads 1``.
+- any other death (segfault, ``os._exit``, OOM, ``kill -9``) while it ran two jobs or
+  more: which thread caused it cannot be told, so none is charged. Each goes back to the
+  queue at once, the death noted in its errors, and is *suspect* from then on (see
+  :func:`suspect`): a worker runs a suspect job alone, with no other job in its process,
+  so a crash then is that job's own and is charged like any crash of a one-job process.
+  An innocent job costs one uncharged rerun; a crashing one fails after ``max_attempts``
+  crashes of its own.
 
 Every write is guarded by (status = claimed, owner = the dead child), so settling twice,
 or after lease recovery got there first, changes nothing.
@@ -50,12 +53,26 @@ class WorkerDied(Exception):
     """The error recorded for a job whose worker process died while running it."""
 
 
+WORKER_DIED = f"{WorkerDied.__module__}.{WorkerDied.__qualname__}"
+
+
+def suspect(job: Job) -> bool:
+    """Did a process die while running this job? Then it runs alone in its process (a
+    threaded worker starts nothing beside it), so that a crash is charged to its cause."""
+    errors = job.errors
+    return bool(errors) and any(
+        isinstance(entry, dict) and entry.get("exception_class_path") == WORKER_DIED
+        for entry in errors
+    )
+
+
 @dataclass
 class Kill:
     reason: str
     job_id: int
     grace: float
     timeout: float = 0.0
+    signal: str = "SIGTERM"  # the stop signal run_jobs got (reason STOP)
 
 
 @dataclass
@@ -124,7 +141,8 @@ def _error(remains: Remains, running: Running, others: list[int]) -> tuple[str, 
                 True,
             )
         return (
-            f"WorkerShutdown: run_jobs was stopped by a second signal and the job {after}, "
+            f"WorkerShutdown: run_jobs was stopped by a second signal ({kill.signal}) and "
+            f"the job {after}, "
             f"{killed}.",
             "django_dbqueue.exceptions.WorkerShutdown",
             True,
@@ -137,14 +155,18 @@ def _error(remains: Remains, running: Running, others: list[int]) -> tuple[str, 
     doing = "running this job" if running.phase == RUNNING else "recording this job's outcome"
     if others:
         ids = ", ".join(str(job_id) for job_id in others)
-        doing += (
-            f" and, in its other threads, job(s) {ids} (which one caused it cannot be told: "
-            "each is charged)"
+        return (
+            f"{WorkerDied.__name__}: worker process {name} {describe_exit(remains.exitcode)} "
+            f"while {doing} and, in its other threads, job(s) {ids}. Which one caused it "
+            "cannot be told, so none is charged: each runs again alone (nothing else in "
+            "its process), where a crash is its own.",
+            WORKER_DIED,
+            False,
         )
     return (
         f"{WorkerDied.__name__}: worker process {name} {describe_exit(remains.exitcode)} "
         f"while {doing}.",
-        f"{WorkerDied.__module__}.{WorkerDied.__qualname__}",
+        WORKER_DIED,
         True,
     )
 
@@ -157,6 +179,7 @@ def _record_done(remains: Remains) -> set[int]:
             id=entry.job_id,
             started_at=wall_time(entry.started_wall),
             last_attempted_at=wall_time(entry.started_wall),
+            finished_at=wall_time(entry.finished_wall),
             result=entry.result,
         )
         for entry in remains.done
@@ -178,6 +201,18 @@ def _record_running(remains: Remains, running: Running, others: list[int]) -> bo
     if found is None:
         return True  # already recorded (or taken over): nothing left to do
     text, error_class, counts = _error(remains, running, others)
+    if not counts and remains.kill is None:
+        # Suspect: back to the queue uncharged, marked to run alone (see suspect()).
+        if Job.objects.give_back_suspect(remains.name, found, text, error_class):
+            remains.outcome.given_back += 1
+            logger.warning(
+                "Job %s (%s): %s",
+                found.id,
+                found.task,
+                text,
+                extra={"event": "job_suspect", "job_id": found.id, "worker": remains.name},
+            )
+        return True
     if not counts:
         logger.warning(
             "Job %s (%s): its worker process %s was killed for job %s; this job goes back "

@@ -37,8 +37,9 @@ class Duties:
         self.sweeper = Sweeper()
         self._sweep_at = time.monotonic()
 
-    def run(self) -> None:
-        """One turn; database errors propagate to the supervisor's retry."""
+    def run(self) -> list[int]:
+        """One turn: the jobs of the ticks it enqueued; database errors propagate to the
+        supervisor's retry."""
         enqueued = self.ticker.run_due()
         for tick in enqueued:
             logger.info(
@@ -62,6 +63,7 @@ class Duties:
             self._sweep_at = now + SWEEP_EVERY
             self.sweeper.run()
         self._say_paused()
+        return [tick.job_id for tick in enqueued if tick.job_id is not None]
 
     def _say_paused(self) -> None:
         if self.note is None:

@@ -86,11 +86,13 @@ class Keeper:
         self.interrupted: dict[tuple[str, int], tuple[int, float, float]] = {}
         self._shown: dict[str, int | None] = {}  # member name -> job id its row shows
         self._skew_told = False
+        self._noted: dict[str, set[int]] = {}  # member name -> running jobs given starts
 
     def forget(self, name: str) -> None:
         for key in [key for key in self.interrupted if key[0] == name]:
             del self.interrupted[key]
         self._shown.pop(name, None)
+        self._noted.pop(name, None)
 
     def beat(
         self, members: Sequence[Member], own: rows.Beat | None = None, stopping: bool = False
@@ -130,26 +132,31 @@ class Keeper:
         """Keep each member's row naming the job it runs once that has run SHOW_AFTER s,
         and nothing once it has ended: a write when a slow job starts and one when it
         ends; fast jobs cost none. The job's own row gets its start times then too, so
-        a running job reads as started (fast ones get them with their outcome)."""
+        a running job reads as started (fast ones get them with their outcome).
+
+        A threaded member runs several: each gets its start times, and its row names the
+        one that started last. Jobs start in the order they were handed to the threads,
+        so lease recovery, which takes the jobs after the named one in claim order as
+        not started (queue/leases.py), can only take a running one for unstarted (and
+        not charge it), never the other way round."""
         now = time.monotonic()
         for member in members:
-            if member.slot.lanes > 1:
-                # Jobs of a threaded worker do not start in claim order one at a time, so
-                # a named job would not tell lease recovery which ones had not started
-                # (queue/leases.py): its rows name none, and recovery charges them all.
-                continue
-            running = member.slot.running()
-            if running is not None and now - running.started < SHOW_AFTER:
-                running = None
+            runs = [run for run in member.slot.runs() if now - run.started >= SHOW_AFTER]
+            noted = self._noted.setdefault(member.name, set())
+            for run in runs:
+                if run.job_id not in noted:
+                    started = wall_time(run.started_wall)
+                    Job.objects.note_running(member.name, run.job_id, started)
+            noted.intersection_update(run.job_id for run in runs)
+            noted.update(run.job_id for run in runs)
+            running = max(runs, key=lambda run: run.started, default=None)
             job_id = running.job_id if running is not None else None
             if self._shown.get(member.name) == job_id:
                 continue
             if running is None:
                 rows.show_running(member.name, None, None)
             else:
-                started = wall_time(running.started_wall)
-                rows.show_running(member.name, running.job_id, started)
-                Job.objects.note_running(member.name, running.job_id, started)
+                rows.show_running(member.name, running.job_id, wall_time(running.started_wall))
             self._shown[member.name] = job_id
 
     def _row_of(self, member: Member) -> rows.Beat:

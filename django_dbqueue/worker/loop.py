@@ -135,7 +135,8 @@ class Worker:
         return previous
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        name = signal.Signals(signum).name
+        # Under a supervisor, the signal run_jobs got (it passes every stop on as SIGTERM).
+        name = signal.Signals(self.slot.stop_signal() or signum).name
         if self.stopping.is_set():
             self.executor.stop_now(name)  # second signal: stop the running jobs now
             return
@@ -170,7 +171,10 @@ class Worker:
     def _loop(self) -> None:
         idle_sleep, failures = float(settings.MIN_POLL_INTERVAL), 0
         while not self.stopping.is_set():
-            if self.max_jobs is not None and self._claimed >= self.max_jobs:
+            if (
+                self.max_jobs is not None
+                and self._claimed - self.recorder.handed_back >= self.max_jobs
+            ):
                 if not self.executor.busy():
                     break
                 self._wait(0.1)
@@ -178,10 +182,11 @@ class Worker:
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
                 logger.warning("Worker %s: supervisor is gone, stopping", self.name)
                 break
-            if self.executor.waiting() >= self.executor.lanes:
-                self._wait(0.1)  # enough to start already: claim when a lane takes one
+            ready = self._ready_lanes()
+            if not ready:
+                self._wait(0.1)  # claim when a lane takes one or frees up
                 continue
-            jobs, failures = self._claim_or_back_off(failures)
+            jobs, failures = self._claim_or_back_off(failures, ready)
             if jobs is None or (not jobs and jobs.contended):
                 continue  # an error waited out, or others took what we saw: ask again
             if jobs:
@@ -203,13 +208,23 @@ class Worker:
         self.executor.wait(min(seconds, self.recorder.flush_interval))
         self.recorder.flush()
 
-    def _claim_or_back_off(self, failures: int) -> tuple[Claimed | None, int]:
+    def _ready_lanes(self) -> int:
+        """Lanes to claim for now: none while enough jobs wait to keep every lane going,
+        else those that can start a job within CLAIM_AHEAD (Executor.ready_lanes). A
+        process whose lanes all run long jobs claims nothing: what it claimed would wait
+        here while another process or thread may be idle."""
+        waiting = self.executor.waiting()
+        if waiting >= self.executor.lanes:
+            return 0
+        return max(0, self.executor.ready_lanes(self._claim_ahead) - waiting)
+
+    def _claim_or_back_off(self, failures: int, ready: int) -> tuple[Claimed | None, int]:
         """One claim, and the count of database errors in a row since the last good one.
         A transient error is logged and waited out here, longer each time: (None, count)."""
         try:
             refresh_connections()
             self.listening.claim_began = time.monotonic()
-            claimed = self._claim()
+            claimed = self._claim(ready)
         except TRANSIENT_ERRORS as exc:
             pause = self._claim_waits.failed(exc)
             refresh_connections()
@@ -218,25 +233,26 @@ class Worker:
         self._claim_waits.succeeded()
         return claimed, 0
 
-    def claim_size(self) -> int:
-        """How many jobs to claim: about CLAIM_AHEAD seconds of them for the executor's
-        lanes, at most the batch size and at least a job per lane.
+    def claim_size(self, lanes: int | None = None) -> int:
+        """How many jobs to claim for ``lanes`` lanes (default: all the executor's): about
+        CLAIM_AHEAD seconds of them, at most the batch size and at least a job per lane.
 
         A process claims only what it can start soon, so jobs it holds are not jobs an
         idle process could run. Before any job has run, the cost is unknown: a job per
         lane. ``CLAIM_AHEAD = 0`` turns this off: every claim asks for the whole batch.
         """
-        lanes, seconds = self.executor.lanes, self.recorder.job_seconds
+        lanes = self.executor.lanes if lanes is None else lanes
+        seconds = self.recorder.job_seconds
         if self._claim_ahead <= 0 or (seconds is not None and seconds <= 0):
             return max(lanes, self.batch_size)
         if seconds is None:
             return lanes
         return max(lanes, min(self.batch_size, int(lanes * self._claim_ahead / seconds)))
 
-    def _claim(self) -> Claimed:
-        wanted = self.claim_size()
+    def _claim(self, ready: int) -> Claimed:
+        wanted = self.claim_size(ready)
         if self.max_jobs is not None:
-            wanted = min(wanted, self.max_jobs - self._claimed)
+            wanted = min(wanted, self.max_jobs - self._claimed + self.recorder.handed_back)
         if self.recorder.room() < wanted:
             self.recorder.flush(force=True)  # finished jobs hold entries until written
         limit = min(wanted, self.recorder.room())
@@ -257,6 +273,7 @@ class Worker:
         # record or hand back is settled by the supervisor when we are gone, or recovered
         # when our leases expire.
         self.recorder.give_up_at = time.monotonic() + max(30.0, float(settings.LEASE_TIMEOUT))
+        self.executor.stop_timer()
         try:
             self.recorder.flush(force=True)
             self.recorder.give_back(self.executor.unstarted(), self.queues)

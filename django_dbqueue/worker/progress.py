@@ -3,9 +3,30 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from django_dbqueue.worker.recording import Stats
+from django_dbqueue.worker.slots import Slot
+
+
+def stop_line(signal_name: str, count: int, slots: Sequence[Slot]) -> str:
+    """What ``run_jobs`` says when told to stop: the running jobs it lets finish and the
+    claimed ones it hands back (the first signal), or that it stops them now (the next)."""
+    running = held = 0
+    for slot in slots:
+        runs = {run.job_id for run in slot.runs()}
+        done = {entry.job_id for entry in slot.done_log()}
+        running += len(runs)
+        held += len(set(slot.held()) - runs - done)
+    if count == 1:
+        return (
+            f"stopping: finishing {running} running jobs, handing back {held} "
+            f"({signal_name}; send it again to stop the running jobs now)"
+        )
+    return (
+        f"stopping now: a second {signal_name}, interrupting {running} running jobs "
+        "(each recorded as a failed attempt)"
+    )
 
 
 class Progress:

@@ -8,9 +8,10 @@ recorded are renewed), the counts, the signals and the log lines. Both executors
 the threaded one from each of its threads, so every method takes the recorder's lock.
 
 Done jobs are written in batches (``FINISH_BATCH_SIZE`` jobs, or ``FINISH_FLUSH_INTERVAL``
-after the first of them, or at once when the executor goes idle). Until its write each
-one is noted in the slot's done log, so the supervisor records it if the process dies
-first (:mod:`.deaths`).
+after the first of them, by the executor's timer thread whatever the lanes are running,
+or at once when the executor goes idle), each with its own start and end times, noted
+when its code started and returned. Until its write each one is noted in the slot's done
+log, so the supervisor records it if the process dies first (:mod:`.deaths`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from django_dbqueue.models import Job
 from django_dbqueue.observability import hooks
 from django_dbqueue.queue import announce
 from django_dbqueue.worker.connections import retry_transient
-from django_dbqueue.worker.liveness import SHOW_AFTER
+from django_dbqueue.worker.liveness import SHOW_AFTER, wall_time
 from django_dbqueue.worker.slots import Slot
 
 logger = logging.getLogger("django_dbqueue.worker")
@@ -81,6 +82,10 @@ class Recorder:
         self.job_seconds: float | None = None
         self._pending: list[Job] = []
         self._pending_since = 0.0
+        # Set when a done job starts a batch: the executor's timer (executors/base.py)
+        # writes it once due, whatever the lanes are doing by then.
+        self.wakeup = threading.Event()
+        self.handed_back = 0  # claimed jobs given back unstarted (they do not count as run)
         # Job id -> its entry in the slot's held ids, until the job is recorded. Only
         # those leases are renewed: a claim whose COMMIT reply was lost leaves rows we own
         # without knowing; not renewing them lets them expire and be recovered.
@@ -148,16 +153,19 @@ class Recorder:
         The slot's log lets the supervisor record the job if this process dies before the
         write; a result too big for the log is written at once instead.
         """
+        ended = time.time()
+        job.finished_at = wall_time(ended)  # the job's own end, whenever it is written
         attempt = job.attempt_started_at
-        started = attempt.timestamp() if attempt is not None else time.time()
+        started = attempt.timestamp() if attempt is not None else ended
         with self.lock:
-            logged = self.slot.log_done(job.id, started, job.result)
+            logged = self.slot.log_done(job.id, started, ended, job.result)
             if not logged and self._pending:
                 self.flush(force=True)
-                logged = self.slot.log_done(job.id, started, job.result)
+                logged = self.slot.log_done(job.id, started, ended, job.result)
             self._pending.append(job)
             if len(self._pending) == 1:
                 self._pending_since = time.monotonic()
+                self.wakeup.set()  # the timer writes the batch when it is due
             self.flush(force=now or not logged)
 
     def failed(self, job: Job, exc: BaseException) -> None:
@@ -236,6 +244,13 @@ class Recorder:
             extra=log_fields("job_cancelled", self.name, job),
         )
 
+    def due_in(self) -> float | None:
+        """Seconds until the batched write of the done jobs is due (None: none waits)."""
+        with self.lock:
+            if not self._pending:
+                return None
+            return self._pending_since + self.flush_interval - time.monotonic()
+
     def flush(self, force: bool = False) -> None:
         """Write the done jobs waiting for it, when their batch is full or due (or now)."""
         with self.lock:
@@ -270,6 +285,7 @@ class Recorder:
         with self.lock:
             given = self.retry(lambda: Job.objects.give_back(self.name, ids))
             self._release(*ids)
+            self.handed_back += len(ids)
         announce.notify(queues)
         logger.info(
             "Worker %s: gave back %s unstarted job(s)",

@@ -31,7 +31,8 @@ IDLE, RUNNING, RECORDING = 0, 1, 2
 # Room for finished-but-unrecorded results per slot. A result that does not fit is
 # recorded at once instead (see recording.Recorder.done), so this bounds memory, not results.
 LOG_BYTES = 64 * 1024
-_RECORD = struct.Struct("<qdi")  # job id, start (epoch seconds), result length (-1: None)
+# job id, start and end (epoch seconds), result length (-1: None)
+_RECORD = struct.Struct("<qddi")
 
 
 class Lane(ctypes.Structure):
@@ -57,6 +58,7 @@ class Header(ctypes.Structure):
         ("retried", ctypes.c_int64),
         # Written by the keeper:
         ("cancel_count", ctypes.c_int64),  # entries of `cancels` in use
+        ("stop_signal", ctypes.c_int64),  # the signal run_jobs got, passed on as SIGTERM
     ]
 
 
@@ -74,6 +76,7 @@ class Running:
 class Done:
     job_id: int
     started_wall: float
+    finished_wall: float
     result: Any
 
 
@@ -139,15 +142,16 @@ class Slot:
         h.phase = IDLE
         h.seq += 1
 
-    def log_done(self, job_id: int, started_wall: float, result: Any) -> bool:
-        """Note a finished job and its result; False when the log has no room for it."""
+    def log_done(self, job_id: int, started_wall: float, finished_wall: float, result: Any) -> bool:
+        """Note a finished job, its start and end and its result; False when the log has
+        no room for it."""
         data = b"" if result is None else json.dumps(result).encode()
         used = self._h.log_used
         end = used + _RECORD.size + len(data)
         if end > len(self._log):
             return False
         length = -1 if result is None else len(data)
-        _RECORD.pack_into(self._log, used, job_id, started_wall, length)
+        _RECORD.pack_into(self._log, used, job_id, started_wall, finished_wall, length)
         self._log[used + _RECORD.size : end] = data
         self._h.log_used = end  # the record exists from this store on
         return True
@@ -194,7 +198,7 @@ class Slot:
         entries = []
         offset, used = 0, min(self._h.log_used, len(self._log))
         while offset + _RECORD.size <= used:
-            job_id, started_wall, length = _RECORD.unpack_from(self._log, offset)
+            job_id, started_wall, finished_wall, length = _RECORD.unpack_from(self._log, offset)
             offset += _RECORD.size
             result = None
             if length >= 0:
@@ -203,7 +207,7 @@ class Slot:
                 except ValueError:
                     break  # not what the worker wrote: the rest is settled as unfinished
                 offset += length
-            entries.append(Done(job_id, started_wall, result))
+            entries.append(Done(job_id, started_wall, finished_wall, result))
         return entries
 
     def totals(self) -> tuple[int, int, int]:
@@ -217,6 +221,15 @@ class Slot:
         self._h.cancel_count = len(wanted)
         for entry in running:
             self._lanes[entry.lane].cancel = entry.job_id
+
+    def pass_stop(self, signum: int) -> None:
+        """The keeper is stopping because of ``signum``: the child names it (a Ctrl-C is
+        passed on as SIGTERM, and must not be reported as one)."""
+        self._h.stop_signal = signum
+
+    def stop_signal(self) -> int:
+        """The signal the keeper stopped for (0: none passed on)."""
+        return int(self._h.stop_signal)
 
     def cancel_running(self, lane: int = 0) -> int:
         """The job the keeper asked this lane to interrupt (0: none)."""

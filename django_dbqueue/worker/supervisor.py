@@ -18,8 +18,8 @@ import logging
 import multiprocessing
 import os
 import signal
-import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import wait
 from types import FrameType
 from typing import Any
@@ -27,6 +27,7 @@ from typing import Any
 from django.db import connections
 
 from django_dbqueue.conf import settings
+from django_dbqueue.models import Job
 from django_dbqueue.models import WorkerProcess as WorkerRow
 from django_dbqueue.worker import deaths, rows
 from django_dbqueue.worker.children import Child, child_main, still_on
@@ -40,7 +41,7 @@ from django_dbqueue.worker.duties import Duties
 from django_dbqueue.worker.executors.base import held_capacity
 from django_dbqueue.worker.liveness import Keeper, recover
 from django_dbqueue.worker.loop import STOP_SIGNALS
-from django_dbqueue.worker.progress import Progress
+from django_dbqueue.worker.progress import Progress, stop_line
 from django_dbqueue.worker.recording import Stats
 from django_dbqueue.worker.slots import RUNNING, Running, SlotTable
 
@@ -55,12 +56,13 @@ class Supervisor:
         concurrency: int,
         worker_options: dict[str, Any],
         progress: Progress | None = None,
-        early_stop: EarlyStop | None = None,
+        stopped_early: Callable[[], int] | None = None,
     ) -> None:
         self.concurrency = concurrency
         self.options = worker_options
         self.progress = progress
-        self.early_stop = early_stop
+        # Stop signals that came before run() had its handlers (run_jobs counts them).
+        self.stopped_early = stopped_early
         self.queues = list(worker_options.get("queues") or settings.QUEUES)
         self.duties = Duties(self.queues, progress.note if progress is not None else None)
         self.name = rows.process_name()
@@ -78,6 +80,8 @@ class Supervisor:
         self._retired = Stats()  # outcomes of children gone, so totals never go back
         self._processed = [0] * concurrency  # per slot, by children gone (--max-jobs shares)
         self._signals = 0
+        self._burst_ticks: set[int] = set()  # --burst: jobs of the ticks it enqueued
+        self._stop_signal, self._told = int(signal.SIGTERM), True
         self._kill_all_at: float | None = None
         self._next_beat = 0.0
         self._grace = float(settings.KILL_GRACE)
@@ -176,6 +180,21 @@ class Supervisor:
             delay = min(5.0, 0.1 * 2 ** self._quick_deaths[index]) if quick else 0.0
             self._respawn_at[index] = now + delay
 
+    def _burst_duties(self) -> None:
+        """--burst: enqueue ticks only while children run, and run every one enqueued: a
+        child that ran out of work as a tick came is started again while it waits."""
+        if self._children:
+            self._burst_ticks.update(self.duties.run())
+        if not self._burst_ticks or self._signals:
+            return
+        idle = [i for i in range(self.concurrency) if i not in self._children]
+        if not idle or self._respawn_at:
+            return
+        queued = Job.objects.filter(pk__in=self._burst_ticks, status=Job.Status.QUEUED)
+        self._burst_ticks = set(queued.values_list("id", flat=True))
+        for index in idle[: len(self._burst_ticks)]:
+            self._respawn_at[index] = time.monotonic()
+
     def _settle_graves(self) -> None:
         for remains in list(self._graves):
             outcome = deaths.settle(remains)
@@ -232,6 +251,7 @@ class Supervisor:
         job_id = running.job_id if running is not None else 0
         timeout = running.deadline - running.started if running is not None else 0.0
         child.kill = deaths.Kill(reason, job_id, self._grace, timeout)
+        child.kill.signal = signal.Signals(self._stop_signal).name
         # (A threaded child's other running jobs go down with it: deaths.py gives them
         # back uncharged, since they did nothing wrong.)
         logger.warning(
@@ -245,31 +265,35 @@ class Supervisor:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals += 1
-        logger.info(
-            "Supervisor: %s received, stopping %s worker(s)%s",
-            signal.Signals(signum).name,
-            len(self._children),
-            f" now (killed if still running in {self._grace:g} s)"
-            if self._signals > 1
-            else " after their current job",
-        )
+        self._stop_signal = signum
+        self._told = False  # said in the next turn: a handler must not write to stdout
         if self._signals > 1 and self._kill_all_at is None:
             self._kill_all_at = time.monotonic() + self._grace
         self._next_beat = 0.0  # show "stopping" in the rows at once
         for child in self._children.values():
             if child.stops_sent < self._signals:
                 child.stops_sent = self._signals
+                child.slot.pass_stop(signum)
                 child._signal(signal.SIGTERM)
 
+    def _tell_stop(self) -> None:
+        """One line for each stop signal: what is finished and what is handed back."""
+        if self._told or not self._signals:
+            return
+        self._told, slots = True, [child.slot for child in self._children.values()]
+        line = stop_line(signal.Signals(self._stop_signal).name, self._signals, slots)
+        if self.progress is not None:
+            self.progress.note(line)
+        logger.info("Supervisor: %s", line, extra={"event": "stopping", "worker": self.name})
+
     def _pass_on_stop(self) -> None:
-        """Tell a child that missed it that we are stopping: the signal came while it was
-        being started, after the handler had gone through the children it knew. (The
-        count is set before sending, so the handler, should it run in between, skips it.)
-        """
+        """Tell a child that missed it (started as the handler ran) that we are stopping.
+        (The count is set before sending, so the handler, if it runs in between, skips it.)"""
         if self._signals:
             for child in self._children.values():
                 if not child.stops_sent:
                     child.stops_sent = 1
+                    child.slot.pass_stop(self._stop_signal)
                     child._signal(signal.SIGTERM)
 
     # -- the loop ----------------------------------------------------------------------
@@ -299,8 +323,9 @@ class Supervisor:
 
     def run(self) -> Stats:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-        if self.early_stop is not None and self.early_stop.count:
-            self._signals += self.early_stop.count  # stopped while starting: start no child
+        early = self.stopped_early() if self.stopped_early is not None else 0
+        if early:
+            self._signals += early  # stopped while starting: start no child
             logger.info("Supervisor: stopped while starting; starting no worker")
         try:
             self._start()
@@ -336,6 +361,9 @@ class Supervisor:
         )
         retry_transient(recover, logger, "Supervisor recovering", self._stopping_give_up)
         self._next_beat = time.monotonic() + float(settings.HEARTBEAT_INTERVAL)
+        # The ticks due now, before a --burst run's children look for work.
+        give_up = self._stopping_give_up
+        self._burst_ticks.update(retry_transient(self.duties.run, logger, "Starting", give_up))
         for index in range(self.concurrency):
             if self._signals:
                 break  # told to stop while starting: start no children
@@ -345,6 +373,7 @@ class Supervisor:
         """One turn of the loop; False once it is time to give up: stopping, with no
         child left and the database away (the rest is left to lease recovery)."""
         self._pass_on_stop()
+        self._tell_stop()
         self._reap()
         self._police()
         self._respawn_due()
@@ -353,7 +382,10 @@ class Supervisor:
                 self._settle_graves()
                 self._register_children()
                 self._beat()
-                self.duties.run()
+                if not self.options.get("burst"):
+                    self.duties.run()
+                else:
+                    self._burst_duties()
                 self._db_waits.succeeded()
         except TRANSIENT_ERRORS as exc:
             # Not every turn while it lasts (a turn is TICK): after the pause it says.
@@ -369,26 +401,3 @@ class Supervisor:
         if self.progress is not None:
             self.progress.update(self.totals())
         return True
-
-
-class EarlyStop:
-    """Stop signals that come while ``run_jobs`` starts (its checks, the discovery of the
-    task modules), before the supervisor has its handlers: counted, and passed on to it,
-    which then starts no child and exits 0. Without it, such a signal ended the process
-    with -15. A second one ends the start at once (exit 1)."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self._previous: dict[int, Any] = {}
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGTERM, signal.SIGINT):
-                self._previous[signum] = signal.signal(signum, self._on_signal)
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.count += 1
-        if self.count > 1:
-            raise SystemExit(1)
-
-    def restore(self) -> None:
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)

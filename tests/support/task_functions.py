@@ -77,3 +77,12 @@ async def async_too_slow(seconds: float) -> None:
 
 
 async_too_slow = with_options(async_too_slow, max_attempts=1, timeout=0.3)
+
+
+@task
+def hold(path: str) -> str:
+    """Runs until ``path`` exists (at most a minute): a Task a test can watch running."""
+    deadline = time.monotonic() + 60
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return path

@@ -112,3 +112,11 @@ def exit_after(seconds: float, code: int = 1) -> None:
     """Ends its process once ``seconds`` have passed (jobs of other threads running)."""
     time.sleep(seconds)
     os._exit(code)
+
+
+@job
+def segfault_after(seconds: float) -> None:
+    """Crashes its process (SIGSEGV) once ``seconds`` have passed: jobs of its other
+    threads are running by then."""
+    time.sleep(seconds)
+    segfault()

@@ -140,7 +140,7 @@ def test_timeout_in_python_code_stops_only_that_jobs_thread(
     assert proc.wait(60) == 0
 
 
-def test_a_crash_in_one_thread_charges_every_job_the_process_was_running(
+def test_a_crash_in_one_thread_charges_none_and_each_job_then_runs_alone(
     processes: Processes, worker_env: EnvMaker
 ) -> None:
     siblings = enqueue_many({"task": jobs.record, "args": [f"x{i}", 1.5]} for i in range(3))
@@ -151,13 +151,17 @@ def test_a_crash_in_one_thread_charges_every_job_the_process_was_running(
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0
     bad.refresh_from_db()
+    # Its one attempt was spent when it crashed alone: the first crash, beside the
+    # others, charged nobody.
     assert "WorkerDied" in bad.last_error and "exited with code 1" in bad.last_error
+    assert "in its other threads" not in bad.last_error
+    assert "none is charged" in bad.errors[0]["traceback"]
     for job in siblings:
         job.refresh_from_db()
-        # Which thread ended the process cannot be told: each running job is charged.
-        assert job.attempts == 2, job.errors
+        assert job.attempts == 1, job.errors
         (error,) = job.errors
         assert "in its other threads" in error["traceback"]
+        assert "none is charged" in error["traceback"]
         assert str(bad.pk) in error["traceback"]
         assert Execution.objects.filter(key=job.args[0]).count() == 1
 

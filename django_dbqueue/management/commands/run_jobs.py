@@ -4,18 +4,24 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
+import threading
+import time
+from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import InterfaceError, OperationalError, router
+from django.db import InterfaceError, OperationalError, connections, router
 
 from django_dbqueue import registry, tasks
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Job
 from django_dbqueue.queue.schema import schema_problem
-from django_dbqueue.worker.connections import CONNECTIONS_WARNING, budget
+from django_dbqueue.worker.connections import CONNECTIONS_WARNING, backoff, budget
 from django_dbqueue.worker.progress import Progress
-from django_dbqueue.worker.supervisor import EarlyStop, Supervisor
+from django_dbqueue.worker.supervisor import Supervisor
+
+DEFAULT_PORTS = {"mysql": "3306", "postgresql": "5432"}
 
 logger = logging.getLogger("django_dbqueue.worker")
 
@@ -147,10 +153,12 @@ class Command(BaseCommand):
                 f"Unknown queue(s): {', '.join(unknown)}. Known: {', '.join(settings.QUEUES)} "
                 "(DBQUEUE['QUEUES'])."
             )
+        alias = router.db_for_write(Job)
+        self._wait_for_database(alias)
         try:
-            problem = schema_problem(router.db_for_write(Job))
+            problem = schema_problem(alias)
         except (OperationalError, InterfaceError):
-            # Unreachable for now: the worker retries until it is back, as it does later.
+            # Gone again already: the worker retries until it is back, as it does later.
             problem = None
         if problem:
             raise CommandError(problem)
@@ -180,7 +188,12 @@ class Command(BaseCommand):
         try:
             # Always a supervisor, even for one process: jobs run in a child that the
             # supervisor can kill and replace, and whose leases no job's code can stall.
-            stats = Supervisor(concurrency, worker_options, progress, self.early_stop).run()
+            early = self.early_stop
+            try:
+                stats = Supervisor(concurrency, worker_options, progress, lambda: early.count).run()
+            except (OperationalError, InterfaceError) as exc:
+                # Told to stop while the database is away: one line, exit 1.
+                raise CommandError(f"stopped with the database unreachable: {exc}") from None
             if progress is not None:
                 progress.update(stats, force=True)
                 self.stdout.write(progress.summary(stats))
@@ -217,6 +230,31 @@ class Command(BaseCommand):
                 int(CONNECTIONS_WARNING * 100),
             )
 
+    def _wait_for_database(self, alias: str) -> None:
+        """Connect before anything else, saying each retry in one line (which database,
+        where, why) while it is unreachable; a stop signal meanwhile exits 1 at once."""
+        conn, failures = connections[alias], 0
+        while True:
+            try:
+                conn.ensure_connection()
+                return
+            except (OperationalError, InterfaceError) as exc:
+                failures += 1
+                wait = backoff(failures)
+                reason = (
+                    str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                )
+                self.stderr.write(
+                    f"database {alias!r} at {_where(conn)} is unreachable ({reason}); "
+                    f"retrying in {wait:.1f} s"
+                )
+                conn.close()
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                if self.early_stop.count:
+                    raise SystemExit(1)
+                time.sleep(0.05)
+
     def async_lanes(self, given: int | None) -> int:
         """--async-concurrency, else the setting; a note when async jobs would wait."""
         lanes = int(settings.ASYNC_CONCURRENCY) if given is None else given
@@ -226,6 +264,15 @@ class Command(BaseCommand):
                 "--async-concurrency N to await N at once (docs/async.md)."
             )
         return lanes
+
+
+def _where(conn: Any) -> str:
+    """host:port of a connection's server (the file, for SQLite)."""
+    params = conn.settings_dict
+    if conn.vendor == "sqlite":
+        return str(params.get("NAME"))
+    port = params.get("PORT") or DEFAULT_PORTS.get(conn.vendor, "")
+    return f"{params.get('HOST') or 'localhost'}:{port}"
 
 
 def metrics_server(port: int | None) -> Any:
@@ -245,3 +292,26 @@ def metrics_server(port: int | None) -> Any:
         return metrics.Server(int(port), str(settings.METRICS_ADDRESS))
     except OSError as exc:
         raise CommandError(f"Cannot serve metrics on port {port}: {exc}") from None
+
+
+class EarlyStop:
+    """Stop signals that come while ``run_jobs`` starts (its checks, the discovery of the
+    task modules), before the supervisor has its handlers: counted, and passed on to it,
+    which then starts no child and exits 0. Without it, such a signal ended the process
+    with -15. A second one ends the start at once (exit 1)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._previous[signum] = signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.count += 1
+        if self.count > 1:
+            raise SystemExit(1)
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)

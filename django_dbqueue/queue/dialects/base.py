@@ -22,8 +22,8 @@ _Q = TypeVar("_Q", bound=models.QuerySet[Any])
 
 
 class DoneRows(NamedTuple):
-    """How ``finish_done``'s UPDATE names its rows and writes their start times:
-    ``UPDATE {target} SET ..., {started} WHERE {where} AND ...``."""
+    """How ``finish_done``'s UPDATE names its rows and writes their start and end times:
+    ``UPDATE {target} SET ..., {started}, {finished} WHERE {where} AND ...``."""
 
     target: str
     target_params: list[Any]
@@ -31,6 +31,8 @@ class DoneRows(NamedTuple):
     where_params: list[Any]
     started: str | None  # the started_at assignment, if any
     started_params: list[Any]
+    finished: str  # the finished_at assignment
+    finished_params: list[Any]
 
 
 class Dialect:
@@ -157,24 +159,36 @@ class Dialect:
         table: str,
         ids: list[int],
         started: Mapping[int, Any],
+        finished: Mapping[int, Any],
+        now: Any,
     ) -> DoneRows:
-        """The rows ``ids`` of ``finish_done``'s UPDATE, and their ``started_at`` written
-        from ``started`` (id: aware start time) only where it is NULL: a CASE of two
-        parameters per started job."""
+        """The rows ``ids`` of ``finish_done``'s UPDATE; their ``started_at`` written from
+        ``started`` (id: aware start time) only where it is NULL, and their
+        ``finished_at`` from ``finished`` (id: aware end time; ``now`` for the others):
+        a CASE of two parameters per job."""
         qn = conn.ops.quote_name
+        adapt = conn.ops.adapt_datetimefield_value
         where, where_params = self.ids_in(conn, qn("id"), ids)
+        ended = f"{qn('finished_at')} = %s"
+        ended_params: list[Any] = [adapt(now)]
+        if finished:
+            whens = " ".join(["WHEN %s THEN %s"] * len(finished))
+            ended = f"{qn('finished_at')} = CASE {qn('id')} {whens} ELSE %s END"
+            ended_params = []
+            for job_id, value in finished.items():
+                ended_params += [job_id, adapt(value)]
+            ended_params.append(adapt(now))
         if not started:
-            return DoneRows(table, [], where, where_params, None, [])
+            return DoneRows(table, [], where, where_params, None, [], ended, ended_params)
         whens = " ".join(["WHEN %s THEN %s"] * len(started))
         assignment = (
             f"{qn('started_at')} = COALESCE({qn('started_at')}, "
             f"CASE {qn('id')} {whens} ELSE NULL END)"
         )
-        adapt = conn.ops.adapt_datetimefield_value
         params: list[Any] = []
         for job_id, value in started.items():
             params += [job_id, adapt(value)]
-        return DoneRows(table, [], where, where_params, assignment, params)
+        return DoneRows(table, [], where, where_params, assignment, params, ended, ended_params)
 
     def finished_with(self, queryset: _Q, status: str) -> _Q:
         """The jobs of ``queryset`` that finished as ``status``, asked so the history index

@@ -107,23 +107,42 @@ class MySQL(Dialect):
         table: str,
         ids: list[int],
         started: Mapping[int, Any],
+        finished: Mapping[int, Any],
+        now: Any,
     ) -> DoneRows:
-        """MariaDB: the ids and start times as one JSON parameter whose rows are joined to
-        the jobs by primary key (STRAIGHT_JOIN: in that order, so only those rows are
-        read and locked). mysqlclient escapes every parameter in Python, and a CASE of
+        """MariaDB: the ids, start and end times as one JSON parameter whose rows are
+        joined to the jobs by primary key (STRAIGHT_JOIN: in that order, so only those rows
+        are read and locked). mysqlclient escapes every parameter in Python, and a CASE of
         two parameters a job cost more than the rest of the statement."""
         if not self.uses_json_table(conn):
-            return super().done_rows(conn, table, ids, started)
+            return super().done_rows(conn, table, ids, started, finished, now)
         qn = conn.ops.quote_name
         adapt = conn.ops.adapt_datetimefield_value
-        rows = [[job_id, adapt(started[job_id]) if job_id in started else None] for job_id in ids]
+        rows = [
+            [
+                job_id,
+                adapt(started[job_id]) if job_id in started else None,
+                adapt(finished[job_id]) if job_id in finished else None,
+            ]
+            for job_id in ids
+        ]
         target = (
             "JSON_TABLE(%s, '$[*]' COLUMNS (job_id BIGINT PATH '$[0]', "
-            "started DATETIME(6) PATH '$[1]')) AS f "
+            "started DATETIME(6) PATH '$[1]', finished DATETIME(6) PATH '$[2]')) AS f "
             f"STRAIGHT_JOIN {table} ON {table}.{qn('id')} = f.job_id"
         )
         started_at = f"{qn('started_at')} = COALESCE({qn('started_at')}, f.started)"
-        return DoneRows(target, [json.dumps(rows)], "f.job_id IS NOT NULL", [], started_at, [])
+        finished_at = f"{qn('finished_at')} = COALESCE(f.finished, %s)"
+        return DoneRows(
+            target,
+            [json.dumps(rows)],
+            "f.job_id IS NOT NULL",
+            [],
+            started_at,
+            [],
+            finished_at,
+            [adapt(now)],
+        )
 
     def finished_with(self, queryset: _Q, status: str) -> _Q:
         """The index is on the virtual column ``finished_status``, the status of a finished

@@ -123,17 +123,21 @@ class PostgreSQL(Dialect):
         table: str,
         ids: list[int],
         started: Mapping[int, Any],
+        finished: Mapping[int, Any],
+        now: Any,
     ) -> DoneRows:
-        """Start times as one array beside the ids: a statement of fixed text, whose parse
-        psycopg caches, where a CASE of 2 parameters per job is parsed anew."""
+        """Start and end times as arrays beside the ids: a statement of fixed text, whose
+        parse psycopg caches, where a CASE of 2 parameters per job is parsed anew."""
         qn = conn.ops.quote_name
         where, where_params = self.ids_in(conn, qn("id"), ids)
+        position = f"[array_position(%s::bigint[], {qn('id')})]"
         assignment = (
-            f"{qn('started_at')} = COALESCE({qn('started_at')}, (%s::timestamptz[])"
-            f"[array_position(%s::bigint[], {qn('id')})])"
+            f"{qn('started_at')} = COALESCE({qn('started_at')}, (%s::timestamptz[]){position})"
         )
         params = [[started.get(job_id) for job_id in ids], ids]
-        return DoneRows(table, [], where, where_params, assignment, params)
+        ended = f"{qn('finished_at')} = COALESCE((%s::timestamptz[]){position}, %s)"
+        ended_params = [[finished.get(job_id) for job_id in ids], ids, now]
+        return DoneRows(table, [], where, where_params, assignment, params, ended, ended_params)
 
     def estimated_rows(self, conn: BaseDatabaseWrapper, table: str) -> int | None:
         with conn.cursor() as cursor:

@@ -8,6 +8,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from django.db import connections
+
 from django_dbqueue import signals
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import WorkerShutdown
@@ -15,10 +17,15 @@ from django_dbqueue.models import Job
 from django_dbqueue.worker.connections import refresh_connections
 from django_dbqueue.worker.liveness import wall_time
 from django_dbqueue.worker.recording import Recorder, log_fields
+from django_dbqueue.worker.slots import RUNNING
 
 logger = logging.getLogger("django_dbqueue.worker")
 
 Outcome = tuple[Any, BaseException | None]  # a job's call: (result, None) or (None, error)
+
+# The least time jobs wait for a lane behind jobs that run on before they are handed back
+# (Executor.stale_after: twice CLAIM_AHEAD when that is longer).
+STALE_AFTER = 0.5
 
 
 def held_capacity(batch_size: int, threads: int) -> int:
@@ -43,11 +50,42 @@ class Executor:
         self.handle_signals = handle_signals
         self.job_timeout = settings.JOB_TIMEOUT  # read once: consulted for every job
         self.broken: BaseException | None = None  # what ended it, raised when the worker stops
+        # Jobs wait for a lane at most this long behind jobs that run on (see _timer);
+        # CLAIM_AHEAD = 0 (hold whole batches) turns that off.
+        ahead = float(settings.CLAIM_AHEAD)
+        self.stale_after = max(STALE_AFTER, 2 * ahead) if ahead > 0 else 0.0
+        self._timer_thread: threading.Thread | None = None
+        self._closing = False
 
     # -- what the core calls -----------------------------------------------------------
 
     def start(self) -> None:
-        """Get ready to run jobs (start threads)."""
+        """Get ready to run jobs (start threads): the timer thread, and the executor's own."""
+        self._timer_thread = threading.Thread(
+            target=self._timer, name=f"{self.name}-timer", daemon=True
+        )
+        self._timer_thread.start()
+
+    def stop_timer(self) -> None:
+        """The worker stops: its own last write follows (Worker._shutdown)."""
+        self._closing = True
+        self.recorder.wakeup.set()
+        if self._timer_thread is not None:
+            self._timer_thread.join(timeout=60)
+
+    def ready_lanes(self, ahead: float) -> int:
+        """Lanes that can start a job within ``ahead`` seconds: idle ones, and busy ones
+        whose job is expected to end by then (jobs take less than ``ahead`` on average and
+        this one has not run longer). Claims are sized to these, so that a process whose
+        lanes are all taken by long jobs claims nothing for an idle one elsewhere to run."""
+        average = self.recorder.job_seconds
+        now, ready = time.monotonic(), self.lanes
+        for run in self.slot.runs():
+            if run.phase == RUNNING and (
+                average is None or average > ahead or now - run.started > ahead
+            ):
+                ready -= 1
+        return ready
 
     def submit(self, jobs: Sequence[Job]) -> None:
         """Run these claimed jobs, or hand them to what runs them."""
@@ -81,6 +119,47 @@ class Executor:
     def unstarted(self) -> list[Job]:
         """The jobs handed over that never started (given back when the worker stops)."""
         return []
+
+    def take_stale(self, since: float) -> list[Job]:
+        """The jobs waiting for a lane, taken back, when every lane has been busy with one
+        job since before ``since`` (a time.monotonic()); else none."""
+        return []
+
+    def _lanes_stuck(self, since: float) -> bool:
+        """Is every lane running a job that started before ``since``?"""
+        runs = self.slot.runs()
+        return len(runs) == self.lanes and all(
+            run.phase == RUNNING and run.started < since for run in runs
+        )
+
+    # -- the timer ---------------------------------------------------------------------
+
+    def _timer(self) -> None:
+        """The executor's clock, a thread of its own: it writes the done jobs once their
+        batched write is due (FINISH_FLUSH_INTERVAL after the first ended), not when a
+        lane next ends a job, which may be a minute away; and it hands back the jobs that
+        wait behind lanes all busy for longer than ``stale_after``, for an idle process to
+        run (a claim is sized to what the lanes should start soon; a long job can still
+        surprise it)."""
+        wakeup, check = self.recorder.wakeup, max(self.stale_after / 4, 0.05)
+        try:
+            while not self._closing:
+                due = self.recorder.due_in()
+                wakeup.wait(check if due is None else max(0.0, min(due, check)))
+                wakeup.clear()
+                if self._closing:
+                    return
+                self.recorder.flush()
+                if self.stale_after and not self.stopping.is_set():
+                    stale = self.take_stale(time.monotonic() - self.stale_after)
+                    if stale:
+                        self.recorder.give_back(stale, sorted({job.queue for job in stale}))
+        except BaseException as exc:
+            # A write that failed for good: the process stops, as when a lane's does.
+            self.broken = self.broken or exc
+            self.stopping.set()
+        finally:
+            connections.close_all()  # this thread's own connections
 
     # -- one job -----------------------------------------------------------------------
 

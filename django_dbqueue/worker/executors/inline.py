@@ -28,15 +28,27 @@ class InlineExecutor(Executor):
         super().__init__(recorder, stopping, handle_signals)
         self._running: Job | None = None
         self._unstarted: deque[Job] = deque()
+        self._taking = threading.Lock()  # _unstarted: this thread and the timer's
 
     def submit(self, jobs: Sequence[Job]) -> None:
         """Run the jobs one by one until they are done or the worker is told to stop;
         then write what finished at once, as the process goes idle."""
         self._unstarted = deque(jobs)
-        while self._unstarted and not self.stopping.is_set():
-            self.run(self._unstarted.popleft(), 0)
+        while not self.stopping.is_set():
+            with self._taking:
+                if not self._unstarted:
+                    break
+                job = self._unstarted.popleft()
+            self.run(job, 0)
         # Whatever is left in _unstarted is handed back when the worker stops.
         self.recorder.flush(force=True)
+
+    def take_stale(self, since: float) -> list[Job]:
+        if not self._lanes_stuck(since):
+            return []
+        with self._taking:
+            jobs, self._unstarted = list(self._unstarted), deque()
+        return jobs
 
     def call(self, job: Job, lane: int, timeout: float | None, began: float) -> Outcome:
         self._running = job
@@ -67,5 +79,6 @@ class InlineExecutor(Executor):
             signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGUSR1)
 
     def unstarted(self) -> list[Job]:
-        jobs, self._unstarted = list(self._unstarted), deque()
+        with self._taking:
+            jobs, self._unstarted = list(self._unstarted), deque()
         return jobs

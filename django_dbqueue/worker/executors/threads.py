@@ -25,6 +25,7 @@ from django.db import connections
 
 from django_dbqueue.exceptions import JobCancelled, JobTimeout, WorkerShutdown
 from django_dbqueue.models import Job
+from django_dbqueue.worker.deaths import suspect
 from django_dbqueue.worker.execution import call_job
 from django_dbqueue.worker.executors.base import Executor, Outcome
 from django_dbqueue.worker.recording import Recorder
@@ -66,10 +67,12 @@ class ThreadedExecutor(Executor):
         self._run_locks = [threading.Lock() for _ in range(threads)]
         self._stop_now: str | None = None  # the second stop signal, once it came
         self._threads: list[threading.Thread] = []
+        self._alone = False  # a suspect job runs: no other starts beside it (deaths.py)
 
     # -- what the core calls -----------------------------------------------------------
 
     def start(self) -> None:
+        super().start()
         watchdog = threading.Thread(target=self._watch, name=f"{self.name}-watchdog", daemon=True)
         watchdog.start()
         for lane in range(self.lanes):
@@ -87,6 +90,26 @@ class ThreadedExecutor(Executor):
     def waiting(self) -> int:
         with self._lock:
             return len(self._queue)
+
+    def ready_lanes(self, ahead: float) -> int:
+        with self._lock:
+            if self._alone or (self._queue and suspect(self._queue[0])):
+                return 0  # nothing starts beside a suspect job
+        return super().ready_lanes(ahead)
+
+    def take_stale(self, since: float) -> list[Job]:
+        with self._lock:
+            if not self._queue:
+                return []
+            if self._alone:
+                stuck = any(run.started < since for run in self.slot.runs())
+            else:
+                stuck = self._lanes_stuck(since)
+            if not stuck:
+                return []
+            jobs = list(self._queue)
+            self._queue.clear()
+        return jobs
 
     def busy(self) -> bool:
         with self._lock:
@@ -117,11 +140,12 @@ class ThreadedExecutor(Executor):
         try:
             while True:
                 with self._lock:
-                    while not self._queue and not self.stopping.is_set():
+                    while not self._startable() and not self.stopping.is_set():
                         self._work.wait(0.2)
                     if self.stopping.is_set():
                         return  # what is left in the queue is given back when stopping
                     job = self._queue.popleft()
+                    alone = self._alone = suspect(job)
                     self._busy += 1
                     self._changed.notify()  # the core may claim more
                 try:
@@ -136,12 +160,23 @@ class ThreadedExecutor(Executor):
                 finally:
                     with self._lock:
                         self._busy -= 1
+                        if alone:
+                            self._alone = False
+                        if alone or (not self._busy and self._queue):
+                            self._work.notify_all()  # a suspect job may start, or others
                         self._changed.notify()
                         idle = not self._queue and not self._busy
                     # The last thread going idle writes what finished at once.
                     self.recorder.flush(force=idle)
         finally:
             connections.close_all()  # this thread's own connections
+
+    def _startable(self) -> bool:
+        """Can a job start now (the lock held)? Not beside a suspect job: one starts when
+        no other runs, and none starts while it runs."""
+        if not self._queue or self._alone:
+            return False
+        return self._busy == 0 or not suspect(self._queue[0])
 
     def call(self, job: Job, lane: int, timeout: float | None, began: float) -> Outcome:
         run = Run(job, threading.get_ident(), began + timeout if timeout else 0.0, timeout or 0.0)
