@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from django_dbqueue.conf import settings
+from django_dbqueue.models import Job
 from django_dbqueue.queue.pausing import PauseWatcher
 from django_dbqueue.queue.retention import prune_if_due
 from django_dbqueue.scheduling.ticks import Ticker, prune_ticks
@@ -79,3 +80,23 @@ class Duties:
             if text:
                 self.note(text)
             self._last_note = "" if text.startswith("queues resumed") else text
+
+
+class BurstTicks:
+    """``--burst``: the jobs of the ticks it enqueued, so that every one runs before the
+    run ends (a child that ran out of work as a tick came is started again for it)."""
+
+    def __init__(self, duties: Duties) -> None:
+        self.duties = duties
+        self.pending: set[int] = set()
+
+    def turn(self, running: bool, idle: list[int], stopping: bool) -> list[int]:
+        """Enqueue due ticks while children run; return the idle children to start again
+        (one per tick job still queued)."""
+        if running:
+            self.pending.update(self.duties.run())
+        if not self.pending or stopping or not idle:
+            return []
+        queued = Job.objects.filter(pk__in=self.pending, status=Job.Status.QUEUED)
+        self.pending = set(queued.values_list("id", flat=True))
+        return idle[: len(self.pending)]

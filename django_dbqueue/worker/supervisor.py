@@ -27,7 +27,6 @@ from typing import Any
 from django.db import connections
 
 from django_dbqueue.conf import settings
-from django_dbqueue.models import Job
 from django_dbqueue.models import WorkerProcess as WorkerRow
 from django_dbqueue.worker import deaths, rows
 from django_dbqueue.worker.children import Child, child_main, still_on
@@ -37,7 +36,7 @@ from django_dbqueue.worker.connections import (
     refresh_connections,
     retry_transient,
 )
-from django_dbqueue.worker.duties import Duties
+from django_dbqueue.worker.duties import BurstTicks, Duties
 from django_dbqueue.worker.executors.base import held_capacity
 from django_dbqueue.worker.liveness import Keeper, recover
 from django_dbqueue.worker.loop import STOP_SIGNALS
@@ -65,6 +64,7 @@ class Supervisor:
         self.stopped_early = stopped_early
         self.queues = list(worker_options.get("queues") or settings.QUEUES)
         self.duties = Duties(self.queues, progress.note if progress is not None else None)
+        self.burst_ticks = BurstTicks(self.duties)
         self.name = rows.process_name()
         batch_size = int(worker_options.get("batch_size") or settings.BATCH_SIZE)
         # A lane per thread, and one per async job at once (--async-concurrency).
@@ -80,7 +80,6 @@ class Supervisor:
         self._retired = Stats()  # outcomes of children gone, so totals never go back
         self._processed = [0] * concurrency  # per slot, by children gone (--max-jobs shares)
         self._signals = 0
-        self._burst_ticks: set[int] = set()  # --burst: jobs of the ticks it enqueued
         self._stop_signal, self._told = int(signal.SIGTERM), True
         self._kill_all_at: float | None = None
         self._next_beat = 0.0
@@ -181,18 +180,9 @@ class Supervisor:
             self._respawn_at[index] = now + delay
 
     def _burst_duties(self) -> None:
-        """--burst: enqueue ticks only while children run, and run every one enqueued: a
-        child that ran out of work as a tick came is started again while it waits."""
-        if self._children:
-            self._burst_ticks.update(self.duties.run())
-        if not self._burst_ticks or self._signals:
-            return
-        idle = [i for i in range(self.concurrency) if i not in self._children]
-        if not idle or self._respawn_at:
-            return
-        queued = Job.objects.filter(pk__in=self._burst_ticks, status=Job.Status.QUEUED)
-        self._burst_ticks = set(queued.values_list("id", flat=True))
-        for index in idle[: len(self._burst_ticks)]:
+        respawning = bool(self._respawn_at)  # wait for those first
+        idle = [] if respawning else [i for i in range(self.concurrency) if i not in self._children]
+        for index in self.burst_ticks.turn(bool(self._children), idle, bool(self._signals)):
             self._respawn_at[index] = time.monotonic()
 
     def _settle_graves(self) -> None:
@@ -363,7 +353,9 @@ class Supervisor:
         self._next_beat = time.monotonic() + float(settings.HEARTBEAT_INTERVAL)
         # The ticks due now, before a --burst run's children look for work.
         give_up = self._stopping_give_up
-        self._burst_ticks.update(retry_transient(self.duties.run, logger, "Starting", give_up))
+        self.burst_ticks.pending.update(
+            retry_transient(self.duties.run, logger, "Starting", give_up)
+        )
         for index in range(self.concurrency):
             if self._signals:
                 break  # told to stop while starting: start no children
