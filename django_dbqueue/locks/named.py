@@ -197,11 +197,16 @@ class named_lock:  # lower case: it reads like a function, `with named_lock(...)
 
     # The same for async code ------------------------------------------------------------
 
+    def _make(self, name: str) -> BaseLock:
+        return get_backend(self.backend)(name, **self.options)
+
     async def aacquire(self, name: str) -> BaseLock:
         """:meth:`acquire` for async code: each attempt runs in the sync thread
         (:func:`in_sync_thread`), the waits between attempts on the event loop, so a
         waiter never holds up that thread (where the holder's release must run)."""
-        lock = await in_sync_thread(get_backend(self.backend))(name, **self.options)
+        # The backend is chosen in the sync thread too: on MariaDB the choice asks the
+        # server whether it is a Galera node.
+        lock = await in_sync_thread(self._make)(name)
         loop = asyncio.get_running_loop()
         wait = self.blocking_timeout if self.blocking else 0.0
         deadline = None if wait is None else loop.time() + wait

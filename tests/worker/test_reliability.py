@@ -273,7 +273,7 @@ def test_lock_wait_timeout_when_recording_is_retried() -> None:
             cursor.execute("SET SESSION innodb_lock_wait_timeout = 1")
         else:
             cursor.execute("SET lock_timeout = '1s'")
-    job = enqueue(jobs.lock_own_row_then_return, max_attempts=1)
+    job = enqueue(jobs.lock_own_row_then_return, kwargs={"job_id": 0, "hold": 2.5}, max_attempts=1)
     Job.objects.filter(pk=job.pk).update(kwargs={"job_id": job.pk, "hold": 2.5})
     started = time.monotonic()
     Worker(burst=True, handle_signals=False).run()
