@@ -33,14 +33,14 @@ if ! pkg-config --exists libmariadb 2>/dev/null && ! pkg-config --exists mysqlcl
 fi
 
 # The Galera suite runs Debian's MariaDB server with the Galera provider, and rsync for
-# the state transfers between its nodes.
-if [[ ! -e /usr/lib/galera/libgalera_smm.so ]] || ! command -v rsync >/dev/null; then
+# the state transfers between its nodes; the clock-skew tests run workers under faketime.
+if [[ ! -e /usr/lib/galera/libgalera_smm.so ]] || ! command -v rsync >/dev/null || ! command -v faketime >/dev/null; then
     if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-        say "Installing galera-4 and rsync (the Galera suite starts a cluster of its own)"
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq galera-4 rsync >/dev/null
+        say "Installing galera-4, rsync and faketime (the Galera suite, the clock-skew tests)"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq galera-4 rsync faketime >/dev/null
     fi
-    if [[ ! -e /usr/lib/galera/libgalera_smm.so ]] || ! command -v rsync >/dev/null; then
-        loud "galera-4 or rsync is missing and could not be installed: the Galera suite will fail"
+    if [[ ! -e /usr/lib/galera/libgalera_smm.so ]] || ! command -v rsync >/dev/null || ! command -v faketime >/dev/null; then
+        loud "galera-4, rsync or faketime is missing and could not be installed: the Galera suite or the clock-skew tests will fail"
         if [[ "${CI:-}" == "true" ]]; then exit 1; fi
     fi
 fi
