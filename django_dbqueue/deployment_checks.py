@@ -1,6 +1,6 @@
 """System checks of the deployment around the queue: where the queue tables' reads go
-(a replica that lags is wrong for every read that decides something: E005), the
-cross-database enqueue mode (E006), and Galera nodes (I110, E111, W111).
+(a replica that lags is wrong for every read that decides something: E007), the
+cross-database enqueue mode (E008), and Galera nodes (I110, E111, W111).
 :mod:`django_dbqueue.checks` registers them."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ CROSS_DATABASE_MODES = ("warn", "raise", "ignore")
 
 
 def check_queue_reads(**kwargs: Any) -> list[checks.CheckMessage]:
-    """E005: a router sends the queue tables' reads to another alias than their writes
+    """E007: a router sends the queue tables' reads to another alias than their writes
     (a replica): pauses, cancellations and a dead child's jobs would be read from the
-    past. E006: CROSS_DATABASE_ENQUEUE is not one of its modes."""
+    past. E008: CROSS_DATABASE_ENQUEUE is not one of its modes."""
     errors: list[checks.CheckMessage] = []
     safe = set(settings.SAFE_READ_ALIASES or [])
     for model in QUEUE_MODELS:
@@ -36,7 +36,7 @@ def check_queue_reads(**kwargs: Any) -> list[checks.CheckMessage]:
                     hint=f"Route the queue's tables to {write!r} for reads too, or, if "
                     f"{read!r} never lags behind it, add it to DBQUEUE['SAFE_READ_ALIASES'].",
                     obj=model,
-                    id="django_dbqueue.E005",
+                    id="django_dbqueue.E007",
                 )
             )
     if settings.CROSS_DATABASE_ENQUEUE not in CROSS_DATABASE_MODES:
@@ -44,7 +44,7 @@ def check_queue_reads(**kwargs: Any) -> list[checks.CheckMessage]:
             checks.Error(
                 "DBQUEUE['CROSS_DATABASE_ENQUEUE'] must be one of "
                 f"{', '.join(CROSS_DATABASE_MODES)}.",
-                id="django_dbqueue.E006",
+                id="django_dbqueue.E008",
             )
         )
     return errors

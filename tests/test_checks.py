@@ -131,7 +131,7 @@ class ReplicaReads:
 def test_a_router_that_reads_the_queue_from_a_replica_is_an_error() -> None:
     with override_settings(DATABASE_ROUTERS=[f"{__name__}.ReplicaReads"]):
         found = messages(check_queue_reads)
-        assert {id for id, _, _ in found} == {"django_dbqueue.E005"}
+        assert {id for id, _, _ in found} == {"django_dbqueue.E007"}
         assert len(found) == 6  # each queue model, named
         assert any("django_dbqueue.QueueState" in text for _, text, _ in found)
         assert all("SAFE_READ_ALIASES" in hint for _, _, hint in found)
@@ -141,6 +141,6 @@ def test_a_router_that_reads_the_queue_from_a_replica_is_an_error() -> None:
 
 def test_an_unknown_cross_database_enqueue_mode_is_an_error() -> None:
     found = messages(check_queue_reads, CROSS_DATABASE_ENQUEUE="shout")
-    assert [id for id, _, _ in found] == ["django_dbqueue.E006"]
+    assert [id for id, _, _ in found] == ["django_dbqueue.E008"]
     for mode in ("warn", "raise", "ignore"):
         assert messages(check_queue_reads, CROSS_DATABASE_ENQUEUE=mode) == []
