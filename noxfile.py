@@ -12,13 +12,13 @@ One session per cell and kind of run, each in a uv virtualenv of its own:
     nox -s galera                             # the Galera suite (a 3-node cluster of its own)
 
 `make test` (scripts/test.sh) runs a diagonal of that matrix in three streams side by
-side: `full` (every test) on SQLite at both corners (oldest and newest; the SQLite run
-includes the fresh-project tests), on PostgreSQL at the oldest and on MariaDB at the
-newest; `stack` (every test that starts no worker process) on PostgreSQL at the newest
-and MariaDB at the oldest; `smoke` on every other cell (with tests/tasks on Django 6.0,
-which no corner covers); then the tests that restart a server
-(DBQUEUE_TEST_RESTARTS=only) and the Galera suite (`galera`).
-`nox` alone runs `full` on every database at both corners.
+side: `full` (every test) on SQLite and MariaDB at the newest corner and on PostgreSQL at
+the oldest (the SQLite run includes the fresh-project tests); `stack` (every test that
+starts no worker process) on SQLite and MariaDB at the oldest and PostgreSQL at the
+newest; `fresh` at the oldest; `smoke` on every other cell (with tests/tasks on Django
+6.0, which no corner covers); the Galera suite (`galera`); then the tests that restart a
+server (DBQUEUE_TEST_RESTARTS=only). `nox` alone runs `full` on every database at both
+corners.
 Arguments after `--` go to pytest. Coverage data goes to .coverage-data/ (one file per
 process; scripts/test.sh combines them).
 """

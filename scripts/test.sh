@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The README's test command (`make test`): installs the project into .venv, runs ruff,
 # mypy and makemigrations --check, `make demo` on the oldest and newest Python, then the
-# test matrix through nox (noxfile.py) as a diagonal: every test on SQLite at both corners
-# (Python 3.11 + Django 5.2, Python 3.13 + Django 6.1; the SQLite run includes the fresh
-# projects built from the wheel), on PostgreSQL at the oldest and MariaDB/MySQL at the
-# newest, the tests without worker processes on the other corner's servers, the smoke
-# suite on every other Python x Django cell, and the coverage of django_dbqueue/ over it.
+# test matrix through nox (noxfile.py) as a diagonal: every test once per database
+# (SQLite and MariaDB/MySQL on Python 3.13 + Django 6.1, PostgreSQL on Python 3.11 +
+# Django 5.2), the tests without worker processes on the other corner, the fresh projects
+# built from the wheel on both corners, the smoke suite on every other Python x Django
+# cell, the Galera suite, and the coverage of django_dbqueue/ over all of it.
 # A server that cannot be reached is a loud failure under CI=true, and a loud skip of
 # that database's runs otherwise.
 set -uo pipefail
@@ -135,24 +135,26 @@ done
 mkdir -p test-results
 rm -f test-results/*.xml test-results/*.log
 rm -rf .coverage-data
-# The matrix (noxfile.py) as a diagonal in three streams side by side (most of a run is
-# waiting on worker processes, so three keep two cores busy). Each step of a stream is one
-# nox call (the databases of its runs, then its sessions); every session has its own test
-# databases and Redis key prefix, and all MariaDB runs are in one stream (GET_LOCK names
-# are server-wide). Every test runs on every database once in full (SQLite at both
-# corners), the SQL-level tests (`stack`: no worker processes) on the other corner's
-# servers, the smoke suite on every other cell. The tests that restart a server run last,
-# alone.
+# The matrix (noxfile.py) as a diagonal in three streams side by side. Each step of a
+# stream is one nox call (the databases of its runs, then its sessions); every session
+# has its own test databases and Redis key prefix, and all runs on the shared MariaDB are
+# in one stream (GET_LOCK names are server-wide). Every test runs in full once per
+# database (SQLite and MariaDB at the newest corner, PostgreSQL at the oldest), the
+# tests without worker processes (`stack`) on the other corner, the fresh projects from
+# the wheel at both corners, the smoke suite on every other cell. The tests that restart
+# a server run last, alone.
 read -r old_corner new_corner <<<"$("$VENV/bin/python" -c "import noxfile; print(' '.join(f'full({p}-django{d})' for p, d in noxfile.CORNERS))")"
 read -r -a everything <<<"$("$VENV/bin/python" -c "import noxfile; print(' '.join(noxfile.nox.options.sessions))")"
 smoke_cells=()
 for session in "${everything[@]}"; do [[ $session == smoke* ]] && smoke_cells+=("$session"); done
 stack_sessions=("${new_corner/full/stack}" "${old_corner/full/stack}")
+fresh_old="${old_corner/full/fresh}"
 STREAMS=(one two three)
-STREAM_one=("sqlite postgres:$old_corner" "postgres:${stack_sessions[0]}")
-STREAM_two=("mysql:$new_corner" "mysql:${stack_sessions[1]}")
+# The SQLite full run (the longest) alone; PostgreSQL's and the light runs beside it.
+STREAM_one=("postgres:$old_corner" "postgres:${stack_sessions[0]}" "sqlite:${stack_sessions[1]}" "sqlite:$fresh_old")
+STREAM_two=("mysql:$new_corner" "mysql:${stack_sessions[1]}" "sqlite:${smoke_cells[*]}")
 # The Galera suite starts a 3-node cluster of its own (ports 3321-3323 and 4601-4623).
-STREAM_three=("sqlite:$new_corner" "sqlite:${smoke_cells[*]}" "mysql:galera")
+STREAM_three=("sqlite:$new_corner" "mysql:galera")
 
 posargs=("$@")
 run_stream() {  # name, steps ("databases:sessions"); a database that is not reachable is left out
@@ -172,8 +174,8 @@ run_stream() {  # name, steps ("databases:sessions"); a database that is not rea
 }
 
 if [[ -n "${reachable// /}" ]]; then
-    say "Test virtualenvs (nox --install-only): ${everything[*]} ${stack_sessions[*]} galera"
-    "$VENV/bin/nox" --install-only -s "${everything[@]}" "${stack_sessions[@]}" galera >test-results/nox-install.log 2>&1 \
+    say "Test virtualenvs (nox --install-only): ${everything[*]} ${stack_sessions[*]} $fresh_old galera"
+    "$VENV/bin/nox" --install-only -s "${everything[@]}" "${stack_sessions[@]}" "$fresh_old" galera >test-results/nox-install.log 2>&1 \
         || { tail -30 test-results/nox-install.log; loud "could not build the test virtualenvs"; exit 1; }
 
     say "The test matrix (nox), ${#STREAMS[@]} streams: test-results/stream-*.log"

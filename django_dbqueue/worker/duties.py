@@ -83,20 +83,27 @@ class Duties:
 
 
 class BurstTicks:
-    """``--burst``: the jobs of the ticks it enqueued, so that every one runs before the
-    run ends (a child that ran out of work as a tick came is started again for it)."""
+    """``--burst``: the jobs of the ticks it enqueued in the queues it drains, so that
+    every one runs before the run ends (a child that ran out of work as a tick came is
+    started again for it, once per tick: a tick job the new child did not take, its queue
+    paused say, is not waited for again, or the run would never end)."""
 
-    def __init__(self, duties: Duties) -> None:
+    def __init__(self, duties: Duties, queues: Sequence[str]) -> None:
         self.duties = duties
+        self.queues = list(queues)
         self.pending: set[int] = set()
+        self.started_for: set[int] = set()
 
     def turn(self, running: bool, idle: list[int], stopping: bool) -> list[int]:
         """Enqueue due ticks while children run; return the idle children to start again
-        (one per tick job still queued)."""
+        (one per tick job of these queues still queued and not started for yet)."""
         if running:
             self.pending.update(self.duties.run())
         if not self.pending or stopping or not idle:
             return []
-        queued = Job.objects.filter(pk__in=self.pending, status=Job.Status.QUEUED)
-        self.pending = set(queued.values_list("id", flat=True))
+        queued = Job.objects.filter(
+            pk__in=self.pending, status=Job.Status.QUEUED, queue__in=self.queues
+        ).values_list("id", flat=True)
+        self.pending = set(queued) - self.started_for
+        self.started_for |= self.pending
         return idle[: len(self.pending)]

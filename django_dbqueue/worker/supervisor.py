@@ -64,7 +64,7 @@ class Supervisor:
         self.stopped_early = stopped_early
         self.queues = list(worker_options.get("queues") or settings.QUEUES)
         self.duties = Duties(self.queues, progress.note if progress is not None else None)
-        self.burst_ticks = BurstTicks(self.duties)
+        self.burst_ticks = BurstTicks(self.duties, self.queues)
         self.name = rows.process_name()
         batch_size = int(worker_options.get("batch_size") or settings.BATCH_SIZE)
         # A lane per thread, and one per async job at once (--async-concurrency).

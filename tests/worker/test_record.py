@@ -337,3 +337,20 @@ def test_burst_runs_the_ticks_it_enqueued_before_it_exits(
     assert ticks.exists()
     assert set(ticks.values_list("status", flat=True)) == {Job.Status.DONE}, out
     assert Execution.objects.filter(key="tick").count() == ticks.count()
+
+
+def test_burst_ends_though_its_ticks_go_to_a_queue_it_does_not_drain(
+    processes: Processes, worker_env: EnvMaker, mode: list[str]
+) -> None:
+    # The ticks land in "reports"; this run drains "default" only: it must not wait for
+    # them (it used to start children for them for ever).
+    schedule = {
+        "beat": {"task": "tests.support.jobs.record", "every": 1, "args": ["t"], "queue": "reports"}
+    }
+    enqueue_many({"task": jobs.sleep, "args": [0.5]} for _ in range(4))
+    env = worker_env(SCHEDULE=schedule)
+    proc = processes.run_jobs(*mode, "--burst", "--queue", "default", env=env)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert Job.objects.filter(queue="default", status=Job.Status.DONE).count() == 4
+    assert not Job.objects.filter(queue="reports").exclude(status=Job.Status.QUEUED).exists()
