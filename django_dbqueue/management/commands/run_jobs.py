@@ -16,12 +16,11 @@ from django.db import InterfaceError, OperationalError, connections, router
 from django_dbqueue import registry, tasks
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Job
+from django_dbqueue.queue.dialects import server_address
 from django_dbqueue.queue.schema import schema_problem
 from django_dbqueue.worker.connections import CONNECTIONS_WARNING, backoff, budget
 from django_dbqueue.worker.progress import Progress
 from django_dbqueue.worker.supervisor import Supervisor
-
-DEFAULT_PORTS = {"mysql": "3306", "postgresql": "5432"}
 
 logger = logging.getLogger("django_dbqueue.worker")
 
@@ -245,7 +244,7 @@ class Command(BaseCommand):
                     str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 )
                 self.stderr.write(
-                    f"database {alias!r} at {_where(conn)} is unreachable ({reason}); "
+                    f"database {alias!r} at {server_address(conn)} is unreachable ({reason}); "
                     f"retrying in {wait:.1f} s"
                 )
                 conn.close()
@@ -264,15 +263,6 @@ class Command(BaseCommand):
                 "--async-concurrency N to await N at once (docs/async.md)."
             )
         return lanes
-
-
-def _where(conn: Any) -> str:
-    """host:port of a connection's server (the file, for SQLite)."""
-    params = conn.settings_dict
-    if conn.vendor == "sqlite":
-        return str(params.get("NAME"))
-    port = params.get("PORT") or DEFAULT_PORTS.get(conn.vendor, "")
-    return f"{params.get('HOST') or 'localhost'}:{port}"
 
 
 def metrics_server(port: int | None) -> Any:

@@ -49,6 +49,7 @@ __all__ = [
     "key_position",
     "placeholders",
     "plain_transaction",
+    "server_address",
     "write_transaction",
 ]
 
@@ -103,3 +104,16 @@ def estimated_rows(using: str, table: str) -> int | None:
     """The database's own estimate of a table's row count, or None if it has none."""
     conn = connections[using]
     return dialect(conn).estimated_rows(conn, table)
+
+
+DEFAULT_PORTS = {"mysql": "3306", "postgresql": "5432"}
+
+
+def server_address(conn: BaseDatabaseWrapper) -> str:
+    """host:port of a connection's server (the file, for SQLite): what run_jobs names
+    while the database is unreachable."""
+    params = conn.settings_dict
+    if conn.vendor == "sqlite":
+        return str(params.get("NAME"))
+    port = params.get("PORT") or DEFAULT_PORTS.get(conn.vendor, "")
+    return f"{params.get('HOST') or 'localhost'}:{port}"
