@@ -23,7 +23,7 @@ from django_dbqueue.models import Job, ScheduleTick
 from django_dbqueue.models import WorkerProcess as WorkerRow
 from django_dbqueue.queue.pausing import pause
 from testproject.models import Execution
-from tests.support import ROOT, Processes, jobs, wait_until
+from tests.support import ROOT, Processes, jobs, task_functions, wait_until
 from tests.support.replica import ReplicaPair
 from tests.worker import hostile
 
@@ -37,6 +37,17 @@ def on_replica(pair: ReplicaPair, sql: str) -> int:
     """One number read from the replica's copy of the test database."""
     name = str(connection.settings_dict["NAME"])
     return int(pair.query(pair.replica, sql, database=name)[0][0])
+
+
+def manage(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def stop(proc: subprocess.Popen[str]) -> str:
@@ -168,54 +179,27 @@ print(result.status, result.status == 'SUCCESSFUL' and result.return_value)
 def test_get_result_while_the_replica_lags_sees_the_finished_job(
     pair: ReplicaPair, replica_env: EnvMaker, processes: Processes
 ) -> None:
-    task_functions = pytest.importorskip("tests.support.task_functions")
     env = replica_env()
     with pair.lagging():
         result = task_functions.add.enqueue(2, 3)
         burst = processes.run_jobs("--burst", env=env)
         assert burst.wait(timeout=60) == 0, burst.communicate()[0]
-        shell = subprocess.run(
-            [
-                sys.executable,
-                "manage.py",
-                "shell",
-                "-v",
-                "0",
-                "-c",
-                GET_RESULT.format(id=result.id),
-            ],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        shell = manage(env, "shell", "-v", "0", "-c", GET_RESULT.format(id=result.id))
         assert on_replica(pair, "SELECT COUNT(*) FROM dbqueue_job") == 0
     assert shell.returncode == 0, shell.stderr
     assert shell.stdout.splitlines()[-1].split() == ["SUCCESSFUL", "5"]
 
 
-def check(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "manage.py", "check"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def test_check_reports_e007_for_the_router_unless_the_replica_is_marked_safe(
     replica_env: EnvMaker,
 ) -> None:
-    unsafe = check(replica_env(safe=False))
+    unsafe = manage(replica_env(safe=False), "check")
     assert unsafe.returncode == 1
     named = [line for line in unsafe.stderr.splitlines() if "django_dbqueue.E007" in line]
     queue_models = ["Job", "WorkerProcess", "QueueState", "ScheduleTick", "Duty", "ConcurrencyKey"]
     assert sorted(line.split(":")[0] for line in named) == sorted(
         f"django_dbqueue.{model}" for model in queue_models
     )
-    safe = check(replica_env())
+    safe = manage(replica_env(), "check")
     assert safe.returncode == 0, safe.stderr
     assert "E007" not in safe.stdout + safe.stderr
