@@ -11,14 +11,22 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.db import connection, connections
 
-from tests.support import CURRENT_DB, CURRENT_VENDOR, GALERA, SECOND_DATABASE, Processes
+from tests.support import (
+    CURRENT_DB,
+    CURRENT_VENDOR,
+    GALERA,
+    REPLICA,
+    SECOND_DATABASE,
+    Processes,
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Deselect (not skip) tests marked ``only_vendor(...)`` for another database run, and
     keep ``second_database`` tests and the others apart: only the former run (and all of
     them run) with DBQUEUE_QUEUE_DB=1, when a router moves the queue's tables away; the
-    same for ``galera`` tests and DBQUEUE_TEST_GALERA=1 (they start a cluster of their own)."""
+    same for ``galera`` tests and DBQUEUE_TEST_GALERA=1 (they start a cluster of their own)
+    and ``replica`` tests and DBQUEUE_TEST_REPLICA=1 (a primary and a replica of their own)."""
     keep, drop = [], []
     for item in items:
         marker = item.get_closest_marker("only_vendor")
@@ -26,6 +34,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         right_vendor = marker is None or bool(wanted & {CURRENT_VENDOR, CURRENT_DB})
         right_run = (item.get_closest_marker("second_database") is not None) == SECOND_DATABASE
         right_run = right_run and (item.get_closest_marker("galera") is not None) == GALERA
+        right_run = right_run and (item.get_closest_marker("replica") is not None) == REPLICA
         (keep if right_vendor and right_run else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
