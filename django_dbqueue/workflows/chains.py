@@ -28,9 +28,8 @@ def chain(
     if not steps:
         raise InvalidJob("a chain needs at least one step.")
     before = [list(depends_on)] + [[item(index)] for index in range(len(steps) - 1)]
-    return enqueue_many(
-        [_item(step, after, on_dependency_failure) for step, after in zip(steps, before)]
-    )
+    pairs = zip(steps, before, strict=True)
+    return enqueue_many([_item(step, after, on_dependency_failure) for step, after in pairs])
 
 
 def group(

@@ -14,6 +14,7 @@ with dependencies costs what as many ``enqueue()`` calls cost, in one transactio
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from django.db import router, transaction
@@ -28,7 +29,8 @@ from django_dbqueue.workflows.dependencies import DEPENDS, Wanted
 _EDGE_NAMES = ("depends_on", "on_dependency_failure")
 
 
-class ItemRef(NamedTuple):
+@dataclass(frozen=True)
+class ItemRef:
     """A reference to the item of index ``index`` of the same enqueue_many() call."""
 
     index: int

@@ -2,8 +2,9 @@
 workers draining one 10,000-member batch (docs/benchmarks.md, issue #29 item 6). Run by
 hand, on a database of its own:
 
-    DBQUEUE_DB=mysql DBQUEUE_DB_NAME=bench_t_flows .venv/bin/python -m tests.workflows.measure_writes
-    DBQUEUE_DB=postgres DBQUEUE_DB_NAME=bench_t_flows .venv/bin/python -m tests.workflows.measure_writes
+    DBQUEUE_DB=mysql DBQUEUE_DB_NAME=bench_t_flows \
+        .venv/bin/python -m tests.workflows.measure_writes
+    (and DBQUEUE_DB=postgres)
 
 1. 10,000 claimed jobs finished from one connection, 1 and 100 finishes per write:
    plain jobs, then members of one batch. Writes are the server's own counters: on

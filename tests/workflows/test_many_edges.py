@@ -98,7 +98,7 @@ def test_a_bad_item_after_inserted_ones_rolls_everything_back() -> None:
                 record("c", depends_on=[item(1), 10**12]),
             ]
         )
-    with pytest.raises(InvalidJob, match="job 1: .*unique_key"):
+    with pytest.raises(InvalidJob, match=r"job 1: .*unique_key"):
         enqueue_many([record("a"), record("b", depends_on=[item(0)], unique_key="k")])
     with pytest.raises(InvalidJob, match=r"item\(\) takes an item's index"):
         item("0")  # type: ignore[arg-type]

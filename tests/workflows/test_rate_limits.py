@@ -139,7 +139,6 @@ KEYED = {"task": jobs.noop, "concurrency_key": "partner", "concurrency_limit": 1
 @pytest.mark.django_db(transaction=True)
 def test_keyed_jobs_over_their_keys_limit_are_parked_not_claimed_then_released() -> None:
     from django.conf import settings
-
     from django.db import connection
 
     from django_dbqueue.queue.concurrency import PARKED_UNTIL, release_parked
@@ -193,7 +192,8 @@ def test_two_supervisors_start_at_most_five_jobs_of_a_key_in_any_second(
     keyed = done.filter(concurrency_key="partner")
     starts = [j.started_at.timestamp() for j in keyed.only("started_at")]
     most = most_in_a_window(starts, PERIOD)
-    print(f"key rate limit: {keyed_total} keyed jobs, starts over {max(starts) - min(starts):.1f} s")
+    span = max(starts) - min(starts)
+    print(f"key rate limit: {keyed_total} keyed jobs, starts over {span:.1f} s, peak {most}/s")
     assert len(starts) == keyed_total
     assert most <= limit
     assert most == limit, "the limit was reached"
