@@ -90,8 +90,17 @@ def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]], batch_size: int = 
     refuse_event_loop("enqueue_many", "aenqueue_many")
     # The caller's iterable is read before any statement: it may query the database.
     items = jobs if isinstance(jobs, list | tuple) else list(jobs)
-    if graph.has_edges(items):  # dependencies between items: inserted in their order
+    try:
+        return _enqueue_plain(items, batch_size)
+    except _WithEdges:  # rolled back: inserted one by one, in dependency order
         return graph.enqueue_graph(items, _refuse)
+
+
+class _WithEdges(Exception):
+    """An item gives ``depends_on`` (or its rule): the call is one for workflows/graph.py."""
+
+
+def _enqueue_plain(items: Sequence[JobSpec | Mapping[str, Any]], batch_size: int) -> list[Job]:
     with _no_cyclic_gc():
         many = _Validated(clock.queue_now(), Defaults.read())
         if not items:
@@ -216,6 +225,9 @@ class _Validated:
             if not options.keys() <= MANY_NAMES:
                 bounds.unknown_options("enqueue_many()", options, NAMES)
                 _refuse(options)
+                for name in _EDGES:
+                    if options.get(name) is not None:
+                        raise _WithEdges
             run_after = options.get("run_after")
             concurrency_key = options.get("concurrency_key")
             concurrency_limit = options.get("concurrency_limit")

@@ -26,8 +26,6 @@ from django_dbqueue.models import Job
 from django_dbqueue.options import NAMES
 from django_dbqueue.workflows.dependencies import DEPENDS, Wanted
 
-_EDGE_NAMES = ("depends_on", "on_dependency_failure")
-
 
 @dataclass(frozen=True)
 class ItemRef:
@@ -51,15 +49,6 @@ class _Item(NamedTuple):
     outside: list[Any]  # jobs or ids that exist
     inside: list[int]  # indexes of items of the call
     rule: str
-
-
-def has_edges(items: Sequence[Any]) -> bool:
-    """Whether an item of an enqueue_many() call gives ``depends_on`` or its rule."""
-    for one in items:
-        options = _parts(one)[3]
-        if any(options.get(name) is not None for name in _EDGE_NAMES):
-            return True
-    return False
 
 
 def enqueue_graph(items: Sequence[Any], refuse: Callable[[dict[str, Any]], None]) -> list[Job]:
