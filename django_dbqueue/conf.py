@@ -79,7 +79,7 @@ DEFAULTS: dict[str, Any] = {
     "SCHEDULE": {},
     # Cluster-wide rate limits (docs/workflows.md): {"queue": {"limit": N, "period": s}},
     # or {"key:NAME": {...}} for the jobs of concurrency key NAME:
-    # at most N job starts per period in that queue across every worker.
+    # at most N job starts per period of that queue or key across every worker.
     "RATE_LIMITS": {},
     # Observability (docs/observability.md). METRICS_PORT: run_jobs serves this host's
     # worker metrics on it (--metrics-port overrides; None: no metrics, prometheus_client
