@@ -346,6 +346,8 @@ class Batch(models.Model):
     class Meta:
         db_table = "dbqueue_batch"
         verbose_name_plural = "batches"
+        # Retention deletes completed batches oldest first (queue/batches.py).
+        indexes = [models.Index(fields=["completed_at", "id"], name="dbq_batch_completed")]
 
     def __str__(self) -> str:
         return f"batch #{self.pk}"
