@@ -15,6 +15,7 @@ from django_dbqueue.conf import settings
 from django_dbqueue.models import Job
 from django_dbqueue.queue.conflicts import conflict_pause, note_conflict
 from django_dbqueue.queue.dialects import dialect, is_lock_conflict
+from django_dbqueue.worker.wakeup import behind_pooler
 
 T = TypeVar("T")
 
@@ -170,11 +171,12 @@ class Budget:
 
 def budget(concurrency: int, threads: int) -> Budget:
     """The supervisor's one, and per child: its own, its LISTEN connection (PostgreSQL
-    wake-up), and one per job thread (job code that queries opens its thread's own)."""
+    wake-up, unless a pooler in transaction mode makes the workers poll), and one per job
+    thread (job code that queries opens its thread's own)."""
     alias = router.db_for_write(Job)
     conn = connections[alias]
     speaks = dialect(conn)
-    listen = bool(settings.WAKEUP) and speaks.listen_notify
+    listen = bool(settings.WAKEUP) and speaks.listen_notify and not _pooled(alias)
     parts = (
         ["worker"]
         + (["LISTEN"] if listen else [])
@@ -191,3 +193,10 @@ def budget(concurrency: int, threads: int) -> Budget:
         except DatabaseError:
             server_max = None  # unreachable now: the supervisor's start says so
     return Budget(alias, 1 + concurrency * per_child, explained, server_max)
+
+
+def _pooled(alias: str) -> bool:
+    try:
+        return behind_pooler(alias)
+    except DatabaseError:
+        return False  # unreachable now: each child asks when it listens
