@@ -7,10 +7,8 @@ import json
 import math
 import socket
 from datetime import timedelta
-from io import StringIO
 
 import pytest
-from django.core.management import call_command
 from django.utils import timezone
 
 from django_dbqueue.models import WorkerProcess
@@ -19,19 +17,10 @@ from django_dbqueue.worker.connections import (
     listens,
     server_max_connections,
 )
+from tests.observability.test_health import health
 
 pytestmark = pytest.mark.django_db(transaction=True)
 HERE = socket.gethostname()
-
-
-def health(*args: str) -> tuple[int, str, str]:
-    out, err = StringIO(), StringIO()
-    try:
-        call_command("dbqueue_health", *args, stdout=out, stderr=err)
-        code = 0
-    except SystemExit as exc:
-        code = int(exc.code or 0)
-    return code, out.getvalue(), err.getvalue()
 
 
 def host_rows(host: str, children: int, age: float = 0.0) -> int:
