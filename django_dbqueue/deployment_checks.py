@@ -69,10 +69,8 @@ def check_poolers(
     found: list[checks.CheckMessage] = []
     queue_alias = router.db_for_write(Job)
     for alias in _asked(databases, deploy):
-        if connections[alias].vendor != "postgresql":
-            continue
         try:
-            if not transaction_pooled(alias):
+            if not transaction_pooled(alias):  # False at once for other databases
                 continue
         except DatabaseError:
             continue  # an unreachable database is not this check's to report
