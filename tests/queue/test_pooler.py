@@ -28,20 +28,21 @@ def test_transaction_pooling_is_detected_and_a_direct_connection_is_not(
         assert pooler.transaction_pooled("default") is False
 
 
-def test_the_answer_is_asked_once_per_process(pgbouncer_alias: str) -> None:
-    assert pooler.transaction_pooled(pgbouncer_alias) is True
-    connections_before = _server_connections()
+def test_the_answer_is_asked_once_per_process(
+    pgbouncer_alias: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    probes: list[str] = []
+    real_probe = pooler._probe
+
+    def counted(alias: str) -> bool:
+        probes.append(alias)
+        return real_probe(alias)
+
+    monkeypatch.setattr(pooler, "_probe", counted)
     for _ in range(5):
         assert pooler.transaction_pooled(pgbouncer_alias) is True
-    assert _server_connections() == connections_before
-
-
-def _server_connections() -> int:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity")
-        return int(cursor.fetchone()[0])
+        assert pooler.transaction_pooled("default") is False
+    assert probes == [pgbouncer_alias, "default"]
 
 
 def test_check_warns_for_the_queue_and_lock_aliases_behind_the_pooler(
