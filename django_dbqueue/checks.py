@@ -13,7 +13,7 @@ from django.db import connections, router
 
 from django_dbqueue import bounds, registry
 from django_dbqueue.conf import DEFAULTS, settings
-from django_dbqueue.deployment_checks import check_galera, check_queue_reads
+from django_dbqueue.deployment_checks import check_galera, check_poolers, check_queue_reads
 from django_dbqueue.exceptions import InvalidJob
 from django_dbqueue.locks.named import BACKENDS, RELEASE_MODES
 from django_dbqueue.models import Counter
@@ -338,3 +338,5 @@ def register() -> None:
     checks.register(check_scheduled_tasks, "django_dbqueue")
     checks.register(check_galera, "django_dbqueue", checks.Tags.database)
     checks.register(partial(check_galera, deploy=True), "django_dbqueue", deploy=True)
+    checks.register(check_poolers, "django_dbqueue", checks.Tags.database)
+    checks.register(partial(check_poolers, deploy=True), "django_dbqueue", deploy=True)

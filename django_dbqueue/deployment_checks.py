@@ -1,6 +1,7 @@
 """System checks of the deployment around the queue: where the queue tables' reads go
 (a replica that lags is wrong for every read that decides something: E007), the
-cross-database enqueue mode (E008), and Galera nodes (I110, E111, W111).
+cross-database enqueue mode (E008), Galera nodes (I110, E111, W111), and PostgreSQL
+reached through a pooler in transaction mode (W521, W522).
 :mod:`django_dbqueue.checks` registers them."""
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from django.core import checks
 from django.db import DatabaseError, connections, router
 
 from django_dbqueue.conf import settings
+from django_dbqueue.locks.named import default_backend_name
 from django_dbqueue.models import ConcurrencyKey, Duty, Job, QueueState, ScheduleTick, WorkerProcess
 from django_dbqueue.queue.dialects.galera import RECOMMENDED, node_settings, wsrep_on
+from django_dbqueue.queue.dialects.pooler import transaction_pooled
 
 QUEUE_MODELS = (Job, WorkerProcess, QueueState, ScheduleTick, Duty, ConcurrencyKey)
 CROSS_DATABASE_MODES = ("warn", "raise", "ignore")
@@ -50,6 +53,55 @@ def check_queue_reads(**kwargs: Any) -> list[checks.CheckMessage]:
     return errors
 
 
+def _asked(databases: Any, deploy: bool) -> list[str]:
+    """The queue's and the locks' aliases this server-asking check may ask: every one
+    for ``check --deploy``, else those ``check --database`` (or ``migrate``) names."""
+    aliases = {router.db_for_write(Job), settings.LOCK_DATABASE_ALIAS}
+    return sorted(a for a in aliases if a in connections and (deploy or a in (databases or ())))
+
+
+def check_poolers(
+    databases: Any = None, deploy: bool = False, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """W521: the queue's PostgreSQL database goes through a pooler in transaction mode
+    (the workers poll: LISTEN hears nothing there). W522: so does the lock database of
+    the postgres lock backend (named_lock refuses: two holders at once otherwise)."""
+    found: list[checks.CheckMessage] = []
+    queue_alias = router.db_for_write(Job)
+    for alias in _asked(databases, deploy):
+        try:
+            if not transaction_pooled(alias):  # False at once for other databases
+                continue
+        except DatabaseError:
+            continue  # an unreachable database is not this check's to report
+        hint = (
+            f"Give {alias!r} a connection that reaches PostgreSQL directly or through "
+            "session pooling (a second alias is enough); docs/databases.md, 'Poolers'."
+        )
+        if alias == queue_alias and settings.WAKEUP:
+            found.append(
+                checks.Warning(
+                    f"Database {alias!r} goes through a pooler in transaction mode (such as "
+                    "PgBouncer's pool_mode = transaction): LISTEN hears nothing there, so "
+                    "workers poll for new jobs every DBQUEUE['POLL_INTERVAL'] instead of "
+                    "waking up at once.",
+                    hint=hint,
+                    id="django_dbqueue.W521",
+                )
+            )
+        if alias == settings.LOCK_DATABASE_ALIAS and default_backend_name() == "postgres":
+            found.append(
+                checks.Warning(
+                    f"Database {alias!r}, the postgres lock backend's, goes through a pooler "
+                    "in transaction mode: session advisory locks would be shared with other "
+                    "clients, so named_lock refuses to lock there (LockConfigurationError).",
+                    hint=hint + " Or use DBQUEUE['LOCK_BACKEND'] = 'redis'.",
+                    id="django_dbqueue.W522",
+                )
+            )
+    return found
+
+
 def check_galera(
     databases: Any = None, deploy: bool = False, **kwargs: Any
 ) -> list[checks.CheckMessage]:
@@ -57,10 +109,7 @@ def check_galera(
     lock backend that cannot work there. Asks the server, so only for ``check
     --database <alias>`` (and ``migrate``) or ``check --deploy``."""
     found: list[checks.CheckMessage] = []
-    aliases = {router.db_for_write(Job), settings.LOCK_DATABASE_ALIAS}
-    for alias in sorted(a for a in aliases if a in connections):
-        if not deploy and alias not in (databases or ()):
-            continue
+    for alias in _asked(databases, deploy):
         conn = connections[alias]
         try:
             if not wsrep_on(conn):

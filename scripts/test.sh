@@ -33,14 +33,16 @@ if ! pkg-config --exists libmariadb 2>/dev/null && ! pkg-config --exists mysqlcl
 fi
 
 # The Galera suite runs Debian's MariaDB server with the Galera provider, and rsync for
-# the state transfers between its nodes; the clock-skew tests run workers under faketime.
-if [[ ! -e /usr/lib/galera/libgalera_smm.so ]] || ! command -v rsync >/dev/null || ! command -v faketime >/dev/null; then
+# the state transfers between its nodes; the clock-skew tests run workers under faketime;
+# the pooler tests (PostgreSQL run) start Debian's pgbouncer (in /usr/sbin).
+have_pgbouncer() { command -v pgbouncer >/dev/null || [[ -x /usr/sbin/pgbouncer ]]; }
+if [[ ! -e /usr/lib/galera/libgalera_smm.so ]] || ! command -v rsync >/dev/null || ! command -v faketime >/dev/null || ! have_pgbouncer; then
     if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-        say "Installing galera-4, rsync and faketime (the Galera suite, the clock-skew tests)"
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq galera-4 rsync faketime >/dev/null
+        say "Installing galera-4, rsync, faketime and pgbouncer (the Galera suite, the clock-skew and pooler tests)"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq galera-4 rsync faketime pgbouncer >/dev/null
     fi
-    if [[ ! -e /usr/lib/galera/libgalera_smm.so ]] || ! command -v rsync >/dev/null || ! command -v faketime >/dev/null; then
-        loud "galera-4, rsync or faketime is missing and could not be installed: the Galera suite or the clock-skew tests will fail"
+    if [[ ! -e /usr/lib/galera/libgalera_smm.so ]] || ! command -v rsync >/dev/null || ! command -v faketime >/dev/null || ! have_pgbouncer; then
+        loud "galera-4, rsync, faketime or pgbouncer is missing and could not be installed: the Galera suite, the clock-skew or the pooler tests will fail"
         if [[ "${CI:-}" == "true" ]]; then exit 1; fi
     fi
 fi

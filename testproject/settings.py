@@ -111,6 +111,10 @@ elif DB_VENDOR == "postgres":
             "TEST": {"NAME": TEST_DB_NAME},
         }
     }
+    # Through a pooler in transaction mode (tests/support/pgbouncer.py, PGPORT=6432): a
+    # server-side cursor would outlive the transaction that lent it its connection.
+    if os.environ.get("DBQUEUE_TEST_PGBOUNCER") == "1":
+        DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
 else:
     raise RuntimeError(f"DBQUEUE_DB must be sqlite, mysql or postgres, not {DB_VENDOR!r}")
 

@@ -19,6 +19,7 @@ from tests.support import (
     SECOND_DATABASE,
     Processes,
 )
+from tests.support.pgbouncer import ALIAS, PgBouncer, installed
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -117,3 +118,44 @@ LEFT_OVER: list[str] = []  # no_connection_outlives_the_run's findings, for the 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     for line in LEFT_OVER:
         terminalreporter.write_line(f"WARNING: {line}", yellow=True)
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(django_db_setup: None, django_db_blocker: Any) -> Iterator[PgBouncer]:
+    """The suite's own PgBouncer (transaction pooling) in front of this run's PostgreSQL:
+    started once, stopped before the test database is dropped (it depends on
+    django_db_setup, so it is torn down first). Missing pgbouncer: a failure under
+    CI=true, a skip otherwise."""
+    if installed() is None:
+        message = "pgbouncer is not installed (apt-get install pgbouncer)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    params = connections["default"].settings_dict
+    server = PgBouncer(params["USER"], params["HOST"] or "127.0.0.1", params["PORT"] or "5432")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pgbouncer_alias(transactional_db: None, pgbouncer: PgBouncer) -> Iterator[str]:
+    """The Django alias ``pgbouncer``: this run's test database through :func:`pgbouncer`."""
+    from django_dbqueue.queue.dialects import pooler
+
+    connections.settings[ALIAS] = {
+        **connections["default"].settings_dict,
+        "PORT": str(pgbouncer.port),
+        "DISABLE_SERVER_SIDE_CURSORS": True,
+    }
+    pooler.forget()
+    try:
+        yield ALIAS
+    finally:
+        if ALIAS in connections.settings:
+            connections[ALIAS].close()
+            del connections[ALIAS]
+            del connections.settings[ALIAS]
+        pooler.forget()

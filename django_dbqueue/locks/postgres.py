@@ -5,13 +5,27 @@ semaphore, locks/names.py) as a signed bigint: stable across processes and Pytho
 (unlike ``hash()``), and any str is a name (the server never sees it). There is no
 wait-with-timeout form of ``pg_advisory_lock``, so waiting is the base class's polling
 of ``pg_try_advisory_lock`` with backoff. Advisory locks are per database.
+
+Behind a pooler in transaction mode (PgBouncer's ``pool_mode = transaction``) a session
+lock stays on a server connection the pooler then lends to other clients: they would be
+handed the lock as well, and could release it. The first acquisition in a process probes
+the alias (:mod:`~django_dbqueue.queue.dialects.pooler`) and, when it is pooled that
+way, every acquisition raises :class:`~django_dbqueue.exceptions.LockConfigurationError`
+naming what works instead. Transaction-level advisory locks held in an open transaction
+would be exclusive, but each holder would pin one of the pooler's server connections for
+as long as it holds the lock, and holders that query through the same pool while others
+hold theirs could wait on each other until the pooler's timeouts: refused, not offered.
 """
 
 from __future__ import annotations
 
+from django.db import DatabaseError
+
+from django_dbqueue.exceptions import LockConfigurationError
 from django_dbqueue.locks.counter_rows import FENCE_UPSERT
 from django_dbqueue.locks.database import DatabaseLock
 from django_dbqueue.locks.names import lock_digest
+from django_dbqueue.queue.dialects.pooler import transaction_pooled
 
 
 def advisory_key(full_name: str, slot: int | None) -> int:
@@ -26,6 +40,22 @@ class PostgresLock(DatabaseLock):
 
     def query_token(self, counter: str) -> int:
         return int(self.query(self.fencing_sql, [counter]))
+
+    def do_acquire(self) -> bool:
+        try:
+            pooled = transaction_pooled(self.alias)
+        except DatabaseError as exc:
+            raise self.unavailable(exc) from exc
+        if pooled:
+            raise LockConfigurationError(
+                f"Lock {self.name!r}: database {self.alias!r} ({self.address()}) goes "
+                "through a pooler in transaction mode (such as PgBouncer's pool_mode = "
+                "transaction), which would lend this lock's session to other clients: two "
+                "holders at once. Use the 'redis' lock backend, point "
+                "DBQUEUE['LOCK_DATABASE_ALIAS'] at an alias that reaches PostgreSQL "
+                "directly, or pool that alias in session mode (docs/locks.md, 'Poolers')."
+            )
+        return super().do_acquire()
 
     def lock_key(self, slot: int | None) -> int:
         return advisory_key(self.full_name, slot)

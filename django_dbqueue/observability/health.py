@@ -5,6 +5,12 @@ Live (the default): the database answers and this host's supervisor is alive (a
 (``ready=True``): the database answers and is migrated, whatever runs on this host. With
 ``max_lag``, also: no queue's oldest due job has waited longer than that.
 
+Always, on MySQL/MariaDB and PostgreSQL: the connections every live worker process of
+every host may open (``WorkerProcess`` rows with a fresh heartbeat, each counted as
+run_jobs budgets it, worker/connections.py) against the server's ``max_connections``:
+above 80% it is a warning (printed, exit status unchanged: a probe must not restart
+workers for it), since the app's own processes need connections too.
+
 Heartbeats are written with the host's clock (worker/rows.py), and this check runs on the
 same host: it compares them with that clock, which is the one that wrote them.
 """
@@ -13,7 +19,7 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import DatabaseError, connections, router
@@ -22,21 +28,29 @@ from django_dbqueue.conf import settings
 from django_dbqueue.models import Job, WorkerProcess
 from django_dbqueue.queue import clock, counts
 from django_dbqueue.queue.schema import schema_problem
+from django_dbqueue.worker.connections import (
+    CONNECTIONS_WARNING,
+    child_connections,
+    listens,
+    server_max_connections,
+)
 
 
 @dataclass
 class Report:
-    """What was checked (``facts``) and one line per problem found."""
+    """What was checked (``facts``), one line per problem found, and warnings (which
+    leave it ok)."""
 
     problems: list[str] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
     def as_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "problems": self.problems, **self.facts}
+        return {"ok": self.ok, "problems": self.problems, "warnings": self.warnings, **self.facts}
 
 
 def default_heartbeat_age() -> float:
@@ -67,6 +81,7 @@ def check(
             _supervisor(report, using, host or socket.gethostname(), now, max_heartbeat_age)
         if max_lag is not None:
             _lag(report, using, now, max_lag)
+        _connections(report, using, now, max_heartbeat_age)
     except DatabaseError as exc:
         report.problems.append(f"Database {using!r} does not answer: {_one_line(exc)}")
     return report
@@ -106,6 +121,31 @@ def _lag(report: Report, using: str, now: datetime, max_lag: float) -> None:
                 f"Queue {queue!r}: its oldest due job ({job_id}) has waited "
                 f"{lags[queue]:.0f} s (over {max_lag:g} s)."
             )
+
+
+def _connections(report: Report, using: str, now: datetime, max_age: float | None) -> None:
+    """Warn when the live workers of all hosts may take over 80% of max_connections."""
+    server_max = server_max_connections(using)
+    if not server_max:
+        return
+    fresh = now - timedelta(seconds=default_heartbeat_age() if max_age is None else max_age)
+    per_child = child_connections(listens(using))
+    hosts: dict[str, int] = {}
+    live = WorkerProcess.objects.using(using).filter(heartbeat_at__gte=fresh)
+    for host, role in live.values_list("host", "role"):
+        # A supervisor holds one; a child (or an unsupervised worker) its own and its LISTEN.
+        used = 1 if role == WorkerProcess.Role.SUPERVISOR else per_child
+        hosts[host] = hosts.get(host, 0) + used
+    total = sum(hosts.values())
+    report.facts["connections"] = {"workers": total, "hosts": hosts, "max_connections": server_max}
+    if total > CONNECTIONS_WARNING * server_max:
+        each = ", ".join(f"{host} {count}" for host, count in sorted(hosts.items()))
+        report.warnings.append(
+            f"The workers of {len(hosts)} host(s) may open {total} connections to database "
+            f"{using!r} ({each}; job threads not counted), over "
+            f"{int(CONNECTIONS_WARNING * 100)}% of its max_connections ({server_max}): the "
+            "app's own processes may be refused. Lower --concurrency, or raise max_connections."
+        )
 
 
 def _one_line(exc: BaseException) -> str:

@@ -15,6 +15,7 @@ from django_dbqueue.conf import settings
 from django_dbqueue.models import Job
 from django_dbqueue.queue.conflicts import conflict_pause, note_conflict
 from django_dbqueue.queue.dialects import dialect, is_lock_conflict
+from django_dbqueue.worker.wakeup import behind_pooler
 
 T = TypeVar("T")
 
@@ -169,25 +170,48 @@ class Budget:
 
 
 def budget(concurrency: int, threads: int) -> Budget:
-    """The supervisor's one, and per child: its own, its LISTEN connection (PostgreSQL
-    wake-up), and one per job thread (job code that queries opens its thread's own)."""
+    """The supervisor's one, and per child what :func:`child_connections` counts."""
     alias = router.db_for_write(Job)
-    conn = connections[alias]
-    speaks = dialect(conn)
-    listen = bool(settings.WAKEUP) and speaks.listen_notify
+    listen = listens(alias)
     parts = (
         ["worker"]
         + (["LISTEN"] if listen else [])
         + ([f"{threads} job threads"] if threads > 1 else [])
     )
-    per_child = 1 + int(listen) + (threads if threads > 1 else 0)
+    per_child = child_connections(listen, threads)
     explained = f"1 supervisor + {concurrency} x {per_child}: {', '.join(parts)}"
-    server_max = None
-    if speaks.max_connections_sql:
-        try:
-            with conn.cursor() as cursor:
-                cursor.execute(speaks.max_connections_sql)
-                server_max = int(cursor.fetchone()[0])
-        except DatabaseError:
-            server_max = None  # unreachable now: the supervisor's start says so
-    return Budget(alias, 1 + concurrency * per_child, explained, server_max)
+    return Budget(alias, 1 + concurrency * per_child, explained, server_max_connections(alias))
+
+
+def child_connections(listen: bool, threads: int = 1) -> int:
+    """A child's connections: its own, its LISTEN connection (``listen``: see
+    :func:`listens`), and one per job thread (job code that queries opens its thread's own)."""
+    return 1 + int(listen) + (threads if threads > 1 else 0)
+
+
+def listens(alias: str) -> bool:
+    """Do workers on job database ``alias`` hold a LISTEN connection each (the
+    PostgreSQL wake-up, unless a pooler in transaction mode makes them poll)?"""
+    speaks = dialect(connections[alias])
+    return bool(settings.WAKEUP) and speaks.listen_notify and not _pooled(alias)
+
+
+def server_max_connections(alias: str) -> int | None:
+    """The server's ``max_connections`` (None: SQLite, or the server cannot be reached)."""
+    conn = connections[alias]
+    query = dialect(conn).max_connections_sql
+    if not query:
+        return None
+    try:
+        with conn.cursor() as cursor:
+            cursor.execute(query)
+            return int(cursor.fetchone()[0])
+    except DatabaseError:
+        return None  # unreachable now: the supervisor's start says so
+
+
+def _pooled(alias: str) -> bool:
+    try:
+        return behind_pooler(alias)
+    except DatabaseError:
+        return False  # unreachable now: each child asks when it listens

@@ -18,8 +18,6 @@ import time
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-from django.db import connections
-
 from django_dbqueue.conf import settings
 from django_dbqueue.queue.announce import (
     CHANNEL,
@@ -30,6 +28,7 @@ from django_dbqueue.queue.announce import (
     redis_channel,
     redis_client,
 )
+from django_dbqueue.queue.dialects.pooler import own_connection, transaction_pooled
 
 __all__ = ["CHANNEL", "COALESCE", "SWITCHES", "Listener", "listen", "method"]
 logger = logging.getLogger("django_dbqueue.wakeup")
@@ -78,15 +77,10 @@ class PostgresListener(_Heard):
     """A connection of its own that LISTENs; the worker's connection stays free."""
 
     def __init__(self, queues: Iterable[str]) -> None:
-        import psycopg
         from psycopg import sql
 
         super().__init__(queues)
-        conn = connections[job_database()]
-        params = conn.get_connection_params()
-        params.pop("cursor_factory", None)
-        params.pop("context", None)
-        self.conn = psycopg.connect(**params, autocommit=True)
+        self.conn = own_connection(job_database())
         for channel in (CHANNEL, SWITCHES):
             self.conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
         # In autocommit, LISTEN has taken effect when its statement returns.
@@ -188,10 +182,34 @@ def listen(queues: Iterable[str]) -> Listener | None:
     """A listener for this configuration, or None to poll."""
     how = method()
     try:
-        if how == "postgres":
+        if how == "postgres" and not behind_pooler(job_database()):
             return PostgresListener(queues)
         if how == "redis":
             return RedisListener(queues)
     except Exception as exc:
         logger.warning("Wake-up via %s unavailable (%s); polling instead", how, exc)
     return None
+
+
+_pooled_said: set[str] = set()  # aliases whose pooler this process has warned about
+
+
+def behind_pooler(alias: str) -> bool:
+    """Does PostgreSQL alias ``alias`` go through a pooler in transaction mode, where
+    ``LISTEN`` hears nothing? Says so once per process (run_jobs asks before it starts
+    its children, which inherit the answer): the workers poll instead."""
+    if not transaction_pooled(alias):
+        return False
+    if alias not in _pooled_said:
+        _pooled_said.add(alias)
+        logger.warning(
+            "Database %r goes through a pooler in transaction mode (such as PgBouncer's "
+            "pool_mode = transaction): LISTEN would hear no wake-up there, so workers poll "
+            "every DBQUEUE['POLL_INTERVAL'] (%s s) instead. For wake-ups within "
+            "milliseconds, give the queue an alias that reaches PostgreSQL directly or "
+            "through session pooling (docs/databases.md, 'Poolers').",
+            alias,
+            settings.POLL_INTERVAL,
+            extra={"event": "wakeup_pooler"},
+        )
+    return True

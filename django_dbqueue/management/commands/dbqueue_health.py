@@ -55,6 +55,8 @@ class Command(BaseCommand):
         else:
             for problem in report.problems:
                 self.stderr.write(problem)
+            for warning in report.warnings:
+                self.stderr.write(f"Warning: {warning}")
             if report.ok and int(options["verbosity"]) >= 1:
                 self.stdout.write("OK")
         if not report.ok:
