@@ -290,6 +290,53 @@ def conflict_warnings(outputs: list[str]) -> list[str]:
     ]
 
 
+class Supervisors:
+    """``run_jobs`` processes on chosen nodes, each one's output in a file of ``directory``
+    (a pipe nobody reads would fill up and stall a long-running worker)."""
+
+    def __init__(self, cluster: GaleraCluster, directory: Path) -> None:
+        self.cluster = cluster
+        self.directory = directory
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs: list[Path] = []
+
+    def start(
+        self, node: int, *args: str, debug: str = "", **dbqueue_settings: Any
+    ) -> subprocess.Popen[bytes]:
+        """``run_jobs *args`` on node ``node``; ``debug`` names loggers (comma-separated)
+        that say DEBUG too."""
+        path = self.directory / f"supervisor-{len(self.procs)}-n{node + 1}.log"
+        env = {**self.cluster.env(node, **dbqueue_settings), "DBQUEUE_TEST_DEBUG_LOGGERS": debug}
+        with open(path, "wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "manage.py", "run_jobs", *args],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        self.procs.append(proc)
+        self.logs.append(path)
+        return proc
+
+    def outputs(self) -> list[str]:
+        return [path.read_text(errors="replace") for path in self.logs]
+
+    def stop(self, timeout: float = 120.0) -> list[str]:
+        """SIGTERM to each (a graceful stop), SIGKILL to any still there after ``timeout``;
+        what each said."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        return self.outputs()
+
+
 @contextmanager
 def running_cluster() -> Iterator[GaleraCluster]:
     cluster = GaleraCluster()
