@@ -62,10 +62,10 @@ quiet = io.StringIO()
 most = 0  # the most retries one action needed
 
 
-def act(action, *args):
+def act(action, *args, **kwargs):
     global most
     before = len(heard.levels)
-    action(*args)
+    action(*args, **kwargs)
     most = max(most, len(heard.levels) - before)
 
 

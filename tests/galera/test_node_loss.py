@@ -47,13 +47,7 @@ def enqueue_held_job(cluster: GaleraCluster, gate: Path) -> None:
         "from tests.support import jobs\n"
         f"enqueue(jobs.hold_until, args=[{str(gate)!r}, 'held'], max_attempts=3)\n"
     )
-    subprocess.run(
-        [sys.executable, "manage.py", "shell", "-c", code],
-        cwd=ROOT,
-        env=cluster.env(0),
-        check=True,
-        timeout=120,
-    )
+    cluster.shell(code, timeout=120)
 
 
 def retry_pauses(lines: list[str]) -> dict[str, list[float]]:
