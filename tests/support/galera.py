@@ -45,7 +45,7 @@ IST_PORTS = (4611, 4612, 4613)
 SST_PORTS = (4621, 4622, 4623)
 USER = "dbq"
 DATABASE = "test_dbq_galera31"
-START_TIMEOUT = 180.0  # seconds for the whole cluster, on a machine under load (2 SSTs)
+START_TIMEOUT = 180.0  # seconds for the whole cluster (2 SSTs), on a machine under load
 
 # What every node runs with; see docs/databases.md, "MariaDB Galera Cluster".
 SETTINGS = {
@@ -132,18 +132,21 @@ class GaleraNode:
         if not state.exists() or not re.search(r"seqno:\s*-1", state.read_text()):
             return None
         log = self.directory / "recover.log"
+        log.unlink(missing_ok=True)
         command = [c for c in self.command(False) if not c.startswith("--log-error=")]
-        subprocess.run(
+        # It says the position early, and may then go on to open its port: not waited for.
+        recovering = subprocess.Popen(
             [*command, f"--log-error={log}", "--wsrep-recover"],
-            capture_output=True,
-            timeout=120,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
-        found = [
-            line.split("Recovered position:")[1].strip()
-            for line in log.read_text(errors="replace").splitlines()
-            if "WSREP: Recovered position:" in line
-        ]
-        return found[-1] if found and not found[-1].endswith(":-1") else None
+        try:
+            found = wait_for_line(log, "WSREP: Recovered position:", recovering, 120.0)
+        finally:
+            recovering.kill()
+            recovering.wait()
+        position = found.split("Recovered position:")[1].strip() if found else ""
+        return position if position and not position.endswith(":-1") else None
 
     def connect(self, database: str | None = DATABASE, **options: Any) -> Any:
         return MySQLdb.connect(
@@ -197,6 +200,19 @@ class GaleraNode:
     def error_log(self) -> str:
         path = self.directory / "error.log"
         return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+
+def wait_for_line(path: Path, text: str, proc: subprocess.Popen[bytes], timeout: float) -> str:
+    """The first line of ``path`` with ``text``, once written; "" if ``proc`` exits or
+    ``timeout`` passes first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        exited = proc.poll() is not None  # before reading: its last words are read too
+        lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+        if (found := next((line for line in lines if text in line), "")) or exited:
+            return found
+        time.sleep(0.2)
+    return ""
 
 
 class GaleraCluster:
