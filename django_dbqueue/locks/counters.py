@@ -67,6 +67,11 @@ def database_counter_next(row: str, min_value: int, max_value: int, using: str |
                 return int(rows.values_list("value", flat=True).get())
         return None
 
+    def create() -> object:
+        return Counter.objects.using(alias).get_or_create(
+            name=row, defaults={"value": min_value - 1}
+        )
+
     outermost = not connections[alias].in_atomic_block
     for _ in range(2):
         # A Galera node refuses the commit (1213) when another node advanced the row
@@ -76,5 +81,7 @@ def database_counter_next(row: str, min_value: int, max_value: int, using: str |
             return value
         # First use: create the row outside that transaction (no gap-lock deadlock between
         # two first users on InnoDB), one below min_value so the UPDATE yields min_value.
-        Counter.objects.using(alias).get_or_create(name=row, defaults={"value": min_value - 1})
+        # Two Galera nodes creating it at once: one commit is refused (1213), and tried
+        # again it finds the other's row.
+        retry_quietly("counter", create) if outermost else create()
     raise RuntimeError(f"Counter row {row!r} vanished while it was being advanced.")

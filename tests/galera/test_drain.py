@@ -32,13 +32,7 @@ def enqueue(cluster: GaleraCluster, prefix: str, count: int) -> None:
         "from tests.support.jobs import record\n"
         f"enqueue_many({{'task': record, 'args': ['{prefix}-%d' % i]}} for i in range({count}))\n"
     )
-    subprocess.run(
-        [sys.executable, "manage.py", "shell", "-c", code],
-        cwd=ROOT,
-        env=cluster.env(0),
-        check=True,
-        timeout=300,
-    )
+    cluster.shell(code)
 
 
 def drain(cluster: GaleraCluster, nodes: list[int]) -> tuple[float, list[str]]:

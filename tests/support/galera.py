@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -49,7 +51,7 @@ IST_PORTS = (4611, 4612, 4613)
 SST_PORTS = (4621, 4622, 4623)
 USER = "dbq"
 DATABASE = "test_dbq_galera31"
-START_TIMEOUT = 90.0  # seconds for the whole cluster, on a machine under load
+START_TIMEOUT = 180.0  # seconds for the whole cluster (2 SSTs), on a machine under load
 
 # What every node runs with; see docs/databases.md, "MariaDB Galera Cluster".
 SETTINGS = {
@@ -95,7 +97,36 @@ class GaleraNode(PrivateServer):
         return command
 
     def start(self, bootstrap: bool = False) -> None:
-        self.launch(self.command(bootstrap))
+        command = self.command(bootstrap)
+        position = None if bootstrap else self.recovered_position()
+        if position:
+            command.append(f"--wsrep-start-position={position}")
+        self.launch(command)
+
+    def recovered_position(self) -> str | None:
+        """The last position a killed node committed (``--wsrep-recover``, as the
+        ``galera_recovery`` script does), or None for a node that left cleanly or never
+        ran. Started with it, the node rejoins by IST from the others' gcache instead of
+        a full rsync SST, whose donor pauses while a loaded machine copies every file."""
+        state = self.directory / "data" / "grastate.dat"
+        if not state.exists() or not re.search(r"seqno:\s*-1", state.read_text()):
+            return None
+        log = self.directory / "recover.log"
+        log.unlink(missing_ok=True)
+        command = [c for c in self.command(False) if not c.startswith("--log-error=")]
+        # It says the position early, and may then go on to open its port: not waited for.
+        recovering = subprocess.Popen(
+            [*command, f"--log-error={log}", "--wsrep-recover"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            found = wait_for_line(log, "WSREP: Recovered position:", recovering, 120.0)
+        finally:
+            recovering.kill()
+            recovering.wait()
+        position = found.split("Recovered position:")[1].strip() if found else ""
+        return position if position and not position.endswith(":-1") else None
 
     def connect(self, database: str | None = DATABASE, **options: Any) -> Any:
         return self.connect_as(USER, database, **options)
@@ -116,6 +147,19 @@ class GaleraNode(PrivateServer):
     def ready(self) -> bool:
         status = self.status()
         return status.get("wsrep_ready") == "ON" and status.get("wsrep_cluster_size") == "3"
+
+
+def wait_for_line(path: Path, text: str, proc: subprocess.Popen[bytes], timeout: float) -> str:
+    """The first line of ``path`` with ``text``, once written; "" if ``proc`` exits or
+    ``timeout`` passes first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        exited = proc.poll() is not None  # before reading: its last words are read too
+        lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+        if (found := next((line for line in lines if text in line), "")) or exited:
+            return found
+        time.sleep(0.2)
+    return ""
 
 
 class GaleraCluster:
@@ -182,6 +226,16 @@ class GaleraCluster:
         env.pop("DBQUEUE_QUEUE_DB", None)
         return env
 
+    def shell(self, code: str, node: int = 0, timeout: float = 300) -> None:
+        """Run ``code`` in ``manage.py shell`` on node ``node`` (enqueueing, mostly)."""
+        subprocess.run(
+            [sys.executable, "manage.py", "shell", "-c", code],
+            cwd=ROOT,
+            env=self.env(node),
+            check=True,
+            timeout=timeout,
+        )
+
     def connect(self, node: int = 0) -> Any:
         return self.nodes[node].connect()
 
@@ -206,6 +260,53 @@ def conflict_warnings(outputs: list[str]) -> list[str]:
         for line in out.splitlines()
         if "WARNING" in line and ("1213" in line or "Deadlock" in line)
     ]
+
+
+class Supervisors:
+    """``run_jobs`` processes on chosen nodes, each one's output in a file of ``directory``
+    (a pipe nobody reads would fill up and stall a long-running worker)."""
+
+    def __init__(self, cluster: GaleraCluster, directory: Path) -> None:
+        self.cluster = cluster
+        self.directory = directory
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.logs: list[Path] = []
+
+    def start(
+        self, node: int, *args: str, debug: str = "", **dbqueue_settings: Any
+    ) -> subprocess.Popen[bytes]:
+        """``run_jobs *args`` on node ``node``; ``debug`` names loggers (comma-separated)
+        that say DEBUG too."""
+        path = self.directory / f"supervisor-{len(self.procs)}-n{node + 1}.log"
+        env = {**self.cluster.env(node, **dbqueue_settings), "DBQUEUE_TEST_DEBUG_LOGGERS": debug}
+        with open(path, "wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "manage.py", "run_jobs", *args],
+                cwd=ROOT,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        self.procs.append(proc)
+        self.logs.append(path)
+        return proc
+
+    def outputs(self) -> list[str]:
+        return [path.read_text(errors="replace") for path in self.logs]
+
+    def stop(self, timeout: float = 120.0) -> list[str]:
+        """SIGTERM to each (a graceful stop), SIGKILL to any still there after ``timeout``;
+        what each said."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        return self.outputs()
 
 
 @contextmanager

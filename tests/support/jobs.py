@@ -255,3 +255,11 @@ def database_time() -> str:
         cursor.execute(sql)
         value = cursor.fetchone()[0]
     return (value if value.tzinfo else value.replace(tzinfo=UTC)).isoformat()
+
+
+@job
+def visible_at_run(key: str) -> None:
+    """Record whether the row its enqueuing transaction wrote beside it (``app:<key>``)
+    is visible where and when the job runs: ``ran:<key>`` if it is, ``blind:<key>`` if not."""
+    seen = Execution.objects.filter(key=f"app:{key}").exists()
+    Execution.objects.create(key=f"{'ran' if seen else 'blind'}:{key}", pid=os.getpid())
