@@ -19,7 +19,7 @@ KEYS = 300
 
 # The retry docs/databases.md gives enqueue callers on Galera, with a count of the 1213s.
 RACER = f"""
-import json, os, sys
+import json, os, random, sys, time
 import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
 django.setup()
@@ -32,15 +32,16 @@ sys.stdin.readline()
 got, refused = {{}}, 0
 for i in range({KEYS}):
     key = f"race-{{i}}"
-    for attempt in range(5):
+    for attempt in range(10):
         try:
             with transaction.atomic():
                 got[key] = enqueue(jobs.noop, unique_key=key).pk
             break
         except OperationalError as exc:
-            if exc.args[0] != 1213 or attempt == 4:
+            if exc.args[0] != 1213 or attempt == 9:
                 raise
             refused += 1
+            time.sleep(random.uniform(0, 0.01 * 2 ** min(attempt, 5)))
 print(json.dumps({{"got": got, "refused": refused}}), flush=True)
 """
 
