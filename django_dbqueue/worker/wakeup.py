@@ -25,11 +25,11 @@ from django_dbqueue.queue.announce import (
     CHANNEL,
     COALESCE,
     SWITCHES,
-    job_database,
     method,
     redis_channel,
     redis_client,
 )
+from django_dbqueue.queue.clock import job_database
 
 __all__ = ["CHANNEL", "COALESCE", "SWITCHES", "Listener", "listen", "method"]
 logger = logging.getLogger("django_dbqueue.wakeup")
