@@ -127,6 +127,8 @@ def run(options: dict[str, Any], say: Say) -> runs.Results:
     for figure, raw in OF_RAW:
         if figure in fig and raw in fig:
             fig[figure.replace("_per_s", "_of_raw_pct")] = 100 * fig[figure] / fig[raw]
+    if "drain_per_s" in fig and "simple_drain_per_s" in fig:
+        fig["drain_of_simple_pct"] = 100 * fig["drain_per_s"] / fig["simple_drain_per_s"]
     return results
 
 
@@ -285,9 +287,10 @@ def _raw(options: dict[str, Any], results: runs.Results, say: Say) -> None:
         say("  raw drain: no-op jobs without keys or threads only")
     else:
         batch = options["batch_size"] or int(settings.BATCH_SIZE)
-        fig["raw_drain_per_s"] = baseline.raw_drain(
-            options["jobs"], options["workers"], batch, str(settings.DEFAULT_QUEUE)
-        )
+        drain = (options["jobs"], options["workers"], batch, str(settings.DEFAULT_QUEUE))
+        fig["raw_drain_per_s"] = baseline.raw_drain(*drain)
+        runs.clear_jobs()
+        fig["simple_drain_per_s"] = baseline.simple_drain(*drain).per_s
         runs.clear_jobs()
     measured = [
         f"{name} {fig[key]:,.0f} /s"
@@ -299,6 +302,8 @@ def _raw(options: dict[str, Any], results: runs.Results, say: Say) -> None:
         if key in fig
     ]
     say("  the same statements, driver only: " + ", ".join(measured))
+    if "simple_drain_per_s" in fig:
+        say(f"  the simplest batch claim, driver only: drain {fig['simple_drain_per_s']:,.0f} /s")
 
 
 def as_json(results: runs.Results) -> str:
