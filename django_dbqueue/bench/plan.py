@@ -12,16 +12,16 @@ from typing import Any
 
 from django.db import connections, router
 
-from django_dbqueue.bench import baseline, runs
+from django_dbqueue.bench import baseline, runs, steady
 from django_dbqueue.conf import settings
 from django_dbqueue.management.commands.run_jobs import metrics_server, positive_int
 from django_dbqueue.models import Job
 from django_dbqueue.queue import announce
 
 Say = Callable[[str], None]
-PARTS = ("enqueue", "drain", "raw", "latency", "history", "duties")
+PARTS = ("enqueue", "drain", "raw", "latency", "steady", "history", "duties")
 # What runs without --only: the duties comparison drains several times over and is asked for.
-DEFAULT_PARTS = ("enqueue", "drain", "raw", "latency", "history")
+DEFAULT_PARTS = ("enqueue", "drain", "raw", "latency", "steady", "history")
 # (figure, its yardstick in the raw part): the share is reported when both were measured.
 OF_RAW = (
     ("enqueue_single_per_s", "raw_enqueue_single_per_s"),
@@ -59,6 +59,11 @@ ARGUMENTS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     (("--single",), _count(2_000, "Jobs enqueued one at a time (default 2000).")),
     (("--bulk",), _count(50_000, "Jobs enqueued with enqueue_many (default 50000).")),
     (("--samples",), _count(200, "Idle pickup latency samples (default 200).")),
+    (
+        ("--rate",),
+        _count(500, "Jobs/s the steady part's producer enqueues, one at a time (default 500)."),
+    ),
+    (("--seconds",), _count(10, "How long the steady part's producer runs (default 10 s).")),
     (
         ("--history",),
         _count(1_000_000, "Finished rows in the table for the last drain (default 1M)."),
@@ -119,6 +124,8 @@ def run(options: dict[str, Any], say: Say) -> runs.Results:
         _enqueue(options, results, say)
     if "latency" in parts:
         _latency(options, results, say)
+    if "steady" in parts:
+        _steady(options, results, say)
     if "history" in parts:
         _history(options, results, say)
     if "duties" in parts:
@@ -233,6 +240,21 @@ def _latency(options: dict[str, Any], results: runs.Results, say: Say) -> None:
     say(
         f"  idle pickup latency:   p50 {lat['p50']:.1f} ms, p90 {lat['p90']:.1f} ms, "
         f"p99 {lat['p99']:.1f} ms"
+    )
+    runs.clear_jobs()
+
+
+def _steady(options: dict[str, Any], results: runs.Results, say: Say) -> None:
+    rate, seconds = options["rate"], options["seconds"]
+    results.notes["steady_rate_asked"] = rate
+    results.notes["steady_seconds"] = seconds
+    fig = steady.bench_steady(
+        rate, seconds, options["workers"], options["batch_size"], str(settings.DEFAULT_QUEUE)
+    )
+    results.figures.update(fig)
+    say(
+        f"  pickup latency at {fig['steady_rate_per_s']:,.0f} jobs/s for {seconds} s: p50 "
+        f"{fig['steady_pickup_p50_ms']:.1f} ms, p99 {fig['steady_pickup_p99_ms']:.1f} ms"
     )
     runs.clear_jobs()
 

@@ -30,6 +30,10 @@ def test_bench_reports_every_figure_as_json() -> None:
         "300",
         "--samples",
         "10",
+        "--rate",
+        "50",
+        "--seconds",
+        "1",
         "--history",
         "2000",
         "--workers",
@@ -50,6 +54,9 @@ def test_bench_reports_every_figure_as_json() -> None:
         assert 10 < report[key] < 10_000_000, (key, report[key])
     assert 0 < report["latency_p50_ms"] <= report["latency_p90_ms"] <= report["latency_p99_ms"]
     assert report["latency_p99_ms"] < 5_000
+    assert report["steady_rate_asked"] == 50 and report["steady_seconds"] == 1
+    assert 0 < report["steady_rate_per_s"] <= 50 * 1.05
+    assert 0 <= report["steady_pickup_p50_ms"] <= report["steady_pickup_p99_ms"]
     # Beside them, on a server, the same statements sent by the driver alone.
     shares = ("enqueue_single", "enqueue_bulk", "drain")
     if connection.vendor == "sqlite":
@@ -100,6 +107,18 @@ def test_simple_drain_takes_every_job_exactly_once_in_every_process() -> None:
     # The simplest claim writes the status alone: no owner, no attempt counted.
     assert not Job.objects.exclude(owner="").exists()
     assert not Job.objects.exclude(attempts=0).exists()
+
+
+def test_steady_load_runs_every_produced_job_once() -> None:
+    from django_dbqueue.bench import steady
+
+    figures = steady.bench_steady(40, 2, 2, None, "default")
+    # 80 jobs produced one at a time, each run once, by a worker that was waiting.
+    assert Job.objects.count() == 80
+    assert Job.objects.filter(status=Job.Status.DONE, attempts=1).count() == 80
+    assert set(figures) == {"steady_pickup_p50_ms", "steady_pickup_p99_ms", "steady_rate_per_s"}
+    assert 0 <= figures["steady_pickup_p50_ms"] <= figures["steady_pickup_p99_ms"]
+    assert 0 < figures["steady_rate_per_s"] <= 40 * 1.05
 
 
 def test_bench_prints_a_table() -> None:
