@@ -279,10 +279,11 @@ def _timed_drain(count: int, workers: int, queue: str, drain: Any, statements: A
     for process in processes:
         process.join()
     elapsed = time.perf_counter() - started
+    each = [int(taken[index]) for index in range(workers)]
     done = Job.objects.using(using).filter(status=DONE).count()
-    if done != count or sum(taken) != count or any(p.exitcode for p in processes):
-        raise RuntimeError(f"drain incomplete: {done} of {count} done, {sum(taken)} taken")
-    return Drained(count / elapsed, list(taken))
+    if done != count or sum(each) != count or any(p.exitcode for p in processes):
+        raise RuntimeError(f"drain incomplete: {done} of {count} done, {sum(each)} taken")
+    return Drained(count / elapsed, each)
 
 
 def raw_drain(count: int, workers: int, batch_size: int, queue: str) -> float:

@@ -111,14 +111,14 @@ def bench_steady(
 
 
 def _figures(using: str, total: int, queue: str, seconds_taken: float) -> dict[str, float]:
-    rows = list(
+    rows = (
         Job.objects.using(using)
-        .filter(queue=queue, status=Job.Status.DONE, attempts=1)
+        .filter(queue=queue, status=Job.Status.DONE, attempts=1, started_at__isnull=False)
         .values_list("created_at", "started_at")
     )
-    if len(rows) != total or Job.objects.using(using).count() != total:
-        raise RuntimeError(f"steady run: {len(rows)} of {total} jobs ran, once each")
     latencies = sorted((started - created).total_seconds() * 1000 for created, started in rows)
+    if len(latencies) != total or Job.objects.using(using).count() != total:
+        raise RuntimeError(f"steady run: {len(latencies)} of {total} jobs ran, once each")
     cuts = statistics.quantiles(latencies, n=100, method="inclusive")
     return {
         "steady_pickup_p50_ms": statistics.median(latencies),
