@@ -116,7 +116,11 @@ def _figures(using: str, total: int, queue: str, seconds_taken: float) -> dict[s
         .filter(queue=queue, status=Job.Status.DONE, attempts=1, started_at__isnull=False)
         .values_list("created_at", "started_at")
     )
-    latencies = sorted((started - created).total_seconds() * 1000 for created, started in rows)
+    latencies = sorted(
+        (started - created).total_seconds() * 1000
+        for created, started in rows
+        if started is not None  # (none is: the filter says so)
+    )
     if len(latencies) != total or Job.objects.using(using).count() != total:
         raise RuntimeError(f"steady run: {len(latencies)} of {total} jobs ran, once each")
     cuts = statistics.quantiles(latencies, n=100, method="inclusive")
