@@ -17,6 +17,8 @@ import signal
 import statistics
 import time
 import traceback
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from django.db import connections, router
@@ -32,41 +34,37 @@ from django_dbqueue.worker.supervisor import Supervisor
 FINISH_TIMEOUT = 120.0
 
 
-def _produce(total: int, rate: float, queue: str, start: Any, seconds_taken: Any) -> None:
-    """The producer: ``total`` enqueues, the n-th due at n / ``rate`` seconds after the
-    start (a late one is not made up for by a burst: the next is due on time again,
-    so a producer that fell behind sends back to back until it has caught up)."""
+def _child(work: Callable[[], None]) -> None:
+    """A forked process's body: ``work``, then exit 0, or 1 with its traceback printed."""
     code = 1
     try:
-        clock.queue_now()  # connected, and the clock read, before the start
-        start.wait()
-        began = time.perf_counter()
-        for index in range(total):
-            delay = began + index / rate - time.perf_counter()
-            if delay > 0:
-                time.sleep(delay)
-            enqueue(noop, queue=queue)
-        seconds_taken.value = time.perf_counter() - began
+        work()
         code = 0
     except BaseException:
         traceback.print_exc()
     finally:
         connections.close_all()
         os._exit(code)
+
+
+def _produce(total: int, rate: float, queue: str, start: Any, seconds_taken: Any) -> None:
+    """The producer: ``total`` enqueues, the n-th due ``n / rate`` seconds after the
+    start; one that fell behind sends back to back until it is on time again."""
+    clock.queue_now()  # connected, and the clock read, before the start
+    start.wait()
+    began = time.perf_counter()
+    for index in range(total):
+        delay = began + index / rate - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        enqueue(noop, queue=queue)
+    seconds_taken.value = time.perf_counter() - began
 
 
 def _supervise(workers: int, options: dict[str, Any]) -> None:
     """The workers: a supervisor as ``run_jobs --max-jobs`` starts it."""
-    code = 1
-    try:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # until run() sets its own
-        Supervisor(workers, options).run()
-        code = 0
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        connections.close_all()
-        os._exit(code)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # until run() sets its own
+    Supervisor(workers, options).run()
 
 
 def _stop(process: Any) -> None:
@@ -91,8 +89,9 @@ def bench_steady(
     ctx = multiprocessing.get_context("fork")
     start, taken = ctx.Event(), ctx.Value("d", 0.0)
     options = {"max_jobs": total, "batch_size": batch_size, "queues": [queue]}
-    supervisor = ctx.Process(target=_supervise, args=(workers, options))
-    producer = ctx.Process(target=_produce, args=(total, float(rate), queue, start, taken))
+    supervisor = ctx.Process(target=_child, args=(partial(_supervise, workers, options),))
+    produce = partial(_produce, total, float(rate), queue, start, taken)
+    producer = ctx.Process(target=_child, args=(produce,))
     supervisor.start()
     producer.start()
     try:
