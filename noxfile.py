@@ -164,6 +164,13 @@ def full(session: nox.Session, django: str) -> None:
             pytest(session, db, second, run="queue-db", DBQUEUE_QUEUE_DB="1")
         except nox.command.CommandFailed:
             failed.append(f"{db} (queue in a second database)")
+        # A primary and a replica lagging on purpose, started by the tests (ports 3310-3311,
+        # data under DBQUEUE_REPLICA_DIR): only the replica tests run, and only this way.
+        if db == "mysql":
+            try:
+                pytest(session, db, "tests/replica", run="replica", DBQUEUE_TEST_REPLICA="1")
+            except nox.command.CommandFailed:
+                failed.append(f"{db} (reads through a lagging replica)")
     if failed:
         session.error(f"the suite failed on {', '.join(failed)}")
 

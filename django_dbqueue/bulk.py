@@ -41,6 +41,7 @@ from django_dbqueue.options import (
 from django_dbqueue.queue import announce, clock
 from django_dbqueue.queue.concurrency import ensure_keys
 from django_dbqueue.queue.insert import insert_columns
+from django_dbqueue.workflows import graph
 
 
 @dataclass
@@ -60,12 +61,10 @@ _NO_TASK = object()
 _REFUSED = {
     "unique_key": "enqueue_many() does not take unique_key: its multi-row INSERT is one "
     "statement, so one taken key would fail the whole batch; use enqueue() for unique jobs.",
-    "depends_on": "enqueue_many() does not take depends_on: use enqueue(), or "
-    "django_dbqueue.workflows.chains (docs/workflows.md).",
-    "on_dependency_failure": "enqueue_many() does not take on_dependency_failure: it goes "
-    "with depends_on (docs/workflows.md).",
 }
-assert _REFUSED.keys() == set(NAMES) - MANY_NAMES, "say why enqueue_many() refuses an option"
+# Items with depends_on (or its rule) are enqueued by workflows/graph.py.
+_EDGES = frozenset({"depends_on", "on_dependency_failure"})
+assert _REFUSED.keys() == set(NAMES) - MANY_NAMES - _EDGES, "say why enqueue_many() refuses"
 # Option values whose equality means the same validation (exact types: a subclass may
 # define its own equality, and True == 1 is a bool where an integer is wanted).
 _SAME_IF_EQUAL = frozenset({str, int, float, bool, type(None), datetime, timedelta})
@@ -80,6 +79,10 @@ def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]], batch_size: int = 
     INSERT: an invalid item (InvalidJob, or TypeError for a misspelt option, naming the
     job's index) rolls back the batches before it, so nothing is written.
 
+    An item's ``depends_on`` may name jobs, ids, or other items of the call as
+    ``item(index)`` (:mod:`django_dbqueue.workflows.graph`): such a call inserts its
+    items one by one, in dependency order; a cycle or an index out of range is refused.
+
     ``unique_key`` is refused: one multi-row INSERT cannot skip the rows whose key is
     taken (MariaDB's INSERT IGNORE would also swallow every other error), so use
     :func:`enqueue` for unique jobs. From async code, ``await aenqueue_many(...)``.
@@ -87,6 +90,17 @@ def enqueue_many(jobs: Iterable[JobSpec | Mapping[str, Any]], batch_size: int = 
     refuse_event_loop("enqueue_many", "aenqueue_many")
     # The caller's iterable is read before any statement: it may query the database.
     items = jobs if isinstance(jobs, list | tuple) else list(jobs)
+    try:
+        return _enqueue_plain(items, batch_size)
+    except _WithEdges:  # rolled back: inserted one by one, in dependency order
+        return graph.enqueue_graph(items, _refuse)
+
+
+class _WithEdges(Exception):
+    """An item gives ``depends_on`` (or its rule): the call is one for workflows/graph.py."""
+
+
+def _enqueue_plain(items: Sequence[JobSpec | Mapping[str, Any]], batch_size: int) -> list[Job]:
     with _no_cyclic_gc():
         many = _Validated(clock.queue_now(), Defaults.read())
         if not items:
@@ -130,6 +144,13 @@ def _committed(jobs: list[Job], using: str, due: set[str] | None) -> None:
     else:
         announce.notify(due, using=using)
     signals.jobs_enqueued.send(Job, jobs=jobs)
+
+
+def _refuse(options: Mapping[str, Any]) -> None:
+    """InvalidJob for an option enqueue_many() does not take (unique_key)."""
+    for name, reason in _REFUSED.items():
+        if options.get(name) is not None:
+            raise InvalidJob(reason)
 
 
 @contextmanager
@@ -203,9 +224,10 @@ class _Validated:
         if options:
             if not options.keys() <= MANY_NAMES:
                 bounds.unknown_options("enqueue_many()", options, NAMES)
-                for name, reason in _REFUSED.items():
+                _refuse(options)
+                for name in _EDGES:
                     if options.get(name) is not None:
-                        raise InvalidJob(reason)
+                        raise _WithEdges
             run_after = options.get("run_after")
             concurrency_key = options.get("concurrency_key")
             concurrency_limit = options.get("concurrency_limit")

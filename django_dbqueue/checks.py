@@ -309,17 +309,21 @@ def check_rate_limits(**kwargs: Any) -> list[checks.CheckMessage]:
     try:
         limits = ratelimits.parse(settings.RATE_LIMITS)
     except ValueError as exc:
-        hint = "For example RATE_LIMITS = {'emails': {'limit': 10, 'period': 1}}."
+        hint = (
+            "For example RATE_LIMITS = {'emails': {'limit': 10, 'period': 1}, "
+            "'key:api.example.com': {'limit': 5, 'period': 1}}."
+        )
         return [checks.Error(str(exc), hint=hint, id="django_dbqueue.E005")]
     queues = settings.QUEUES if isinstance(settings.QUEUES, list | tuple) else []
     return [
         checks.Error(
             f"DBQUEUE['RATE_LIMITS'] names {name!r}, which is not in DBQUEUE['QUEUES'].",
-            hint="Rate limits apply per queue: add the queue or remove the limit.",
+            hint="A rate limit names a queue, or a concurrency key as 'key:NAME': add the "
+            "queue, write the key's name with its prefix, or remove the limit.",
             id="django_dbqueue.E006",
         )
         for name in limits
-        if name not in queues
+        if name not in queues and not name.startswith(ratelimits.KEY_PREFIX)
     ]
 
 

@@ -77,8 +77,9 @@ DEFAULTS: dict[str, Any] = {
     # Recurring jobs: {name: {"task": path, "cron": "0 3 * * *" or "every": seconds, ...}};
     # the keys are listed in docs/scheduling.md.
     "SCHEDULE": {},
-    # Cluster-wide rate limits (docs/workflows.md): {"queue": {"limit": N, "period": s}}
-    # at most N job starts per period in that queue across every worker.
+    # Cluster-wide rate limits (docs/workflows.md): {"queue": {"limit": N, "period": s}},
+    # or {"key:NAME": {...}} for the jobs of concurrency key NAME:
+    # at most N job starts per period of that queue or key across every worker.
     "RATE_LIMITS": {},
     # Observability (docs/observability.md). METRICS_PORT: run_jobs serves this host's
     # worker metrics on it (--metrics-port overrides; None: no metrics, prometheus_client

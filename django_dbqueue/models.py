@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any, ClassVar
 
 from django.db import models
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from django_dbqueue.queue.manager import JobManager
@@ -124,6 +126,19 @@ class Job(models.Model):
     def refresh_status(self) -> str:
         self.refresh_from_db(fields=["status"])
         return self.status
+
+    def refresh_from_db(
+        self,
+        using: str | None = None,
+        fields: Iterable[str] | None = None,
+        from_queryset: QuerySet[Job] | None = None,
+    ) -> None:
+        """Re-read (a deferred field too) from the database this job was read from: the
+        worker's jobs come from the primary, and a router whose ``db_for_read`` ignores
+        the instance would send the read to a replica that may not have the row yet."""
+        if using is None and from_queryset is None:
+            using = self._state.db
+        super().refresh_from_db(using=using, fields=fields, from_queryset=from_queryset)
 
     def as_call(self) -> tuple[str, list[Any], dict[str, Any]]:
         return self.task, list(self.args or []), dict(self.kwargs or {})
@@ -331,6 +346,8 @@ class Batch(models.Model):
     class Meta:
         db_table = "dbqueue_batch"
         verbose_name_plural = "batches"
+        # Retention deletes completed batches oldest first (queue/batches.py).
+        indexes = [models.Index(fields=["completed_at", "id"], name="dbq_batch_completed")]
 
     def __str__(self) -> str:
         return f"batch #{self.pk}"

@@ -1,6 +1,7 @@
-"""The router of docs/databases.md: django-dbqueue's tables live in the "queue" database.
-
-settings.py installs it when DBQUEUE_QUEUE_DB=1 (tests/test_second_database.py runs so).
+"""Routers of docs/databases.md. QueueRouter: django-dbqueue's tables live in the "queue"
+database (settings.py installs it when DBQUEUE_QUEUE_DB=1: tests/test_second_database.py).
+ReplicaRouter: every read goes to "replica", every write to "default" (DBQUEUE_TEST_REPLICA=1
+and DBQUEUE_READ_REPLICA=1: tests/replica/).
 """
 
 from __future__ import annotations
@@ -30,3 +31,21 @@ class QueueRouter:
         if db == QUEUE_DB:
             return False
         return None
+
+
+class ReplicaRouter:
+    """A project that reads from a replica: every model's reads, the queue's included."""
+
+    def db_for_read(self, model: type[Model], **hints: Any) -> str | None:
+        return "replica"
+
+    def db_for_write(self, model: type[Model], **hints: Any) -> str | None:
+        return "default"
+
+    def allow_relation(self, obj1: Model, obj2: Model, **hints: Any) -> bool | None:
+        return True
+
+    def allow_migrate(
+        self, db: str, app_label: str, model_name: str | None = None, **hints: Any
+    ) -> bool | None:
+        return db == "default"  # the replica gets the tables from the primary

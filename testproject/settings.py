@@ -129,6 +129,19 @@ if QUEUE_DB:
     DATABASES["queue"] = {**DATABASES["default"], "NAME": queue_name, "TEST": queue_test}
     DATABASE_ROUTERS = ["testproject.routers.QueueRouter"]
 
+# DBQUEUE_TEST_REPLICA=1 (tests/replica, tests/support/replica.py): "default" is the suite's
+# private MariaDB primary on 3310 and "replica" the same database on its replica on 3311;
+# DBQUEUE_READ_REPLICA=1 also installs a router sending every read there (the pytest
+# process itself reads the primary: there "replica" mirrors "default").
+REPLICA = os.environ.get("DBQUEUE_TEST_REPLICA", "") == "1"
+if REPLICA:
+    if DB_VENDOR != "mysql":
+        raise RuntimeError("DBQUEUE_TEST_REPLICA=1 needs DBQUEUE_DB=mysql")
+    DATABASES["default"]["PORT"] = "3310"
+    DATABASES["replica"] = {**DATABASES["default"], "PORT": "3311", "TEST": {"MIRROR": "default"}}
+    if os.environ.get("DBQUEUE_READ_REPLICA", "") == "1":
+        DATABASE_ROUTERS = ["testproject.routers.ReplicaRouter"]
+
 REDIS_URL = os.environ.get("DBQUEUE_REDIS_URL", "redis://127.0.0.1:6379/0")
 CACHES: dict[str, dict[str, Any]] = {
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}

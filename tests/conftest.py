@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -10,14 +11,22 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.db import connection, connections
 
-from tests.support import CURRENT_DB, CURRENT_VENDOR, GALERA, SECOND_DATABASE, Processes
+from tests.support import (
+    CURRENT_DB,
+    CURRENT_VENDOR,
+    GALERA,
+    REPLICA,
+    SECOND_DATABASE,
+    Processes,
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Deselect (not skip) tests marked ``only_vendor(...)`` for another database run, and
     keep ``second_database`` tests and the others apart: only the former run (and all of
     them run) with DBQUEUE_QUEUE_DB=1, when a router moves the queue's tables away; the
-    same for ``galera`` tests and DBQUEUE_TEST_GALERA=1 (they start a cluster of their own)."""
+    same for ``galera`` tests and DBQUEUE_TEST_GALERA=1 (they start a cluster of their own)
+    and ``replica`` tests and DBQUEUE_TEST_REPLICA=1 (a primary and a replica of their own)."""
     keep, drop = [], []
     for item in items:
         marker = item.get_closest_marker("only_vendor")
@@ -25,6 +34,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         right_vendor = marker is None or bool(wanted & {CURRENT_VENDOR, CURRENT_DB})
         right_run = (item.get_closest_marker("second_database") is not None) == SECOND_DATABASE
         right_run = right_run and (item.get_closest_marker("galera") is not None) == GALERA
+        right_run = right_run and (item.get_closest_marker("replica") is not None) == REPLICA
         (keep if right_vendor and right_run else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
@@ -69,3 +79,41 @@ def async_connections() -> Iterator[None]:
         await sync_to_async(connections.close_all, thread_sensitive=True)()
 
     asyncio.run(close())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_connection_outlives_the_run(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    """Before the test database is dropped: close the connections of the thread where
+    ``sync_to_async`` sends blocking work, then end (with a line naming them and this
+    process's live threads) any other session a test left on PostgreSQL's test
+    database, which would make its DROP DATABASE fail ("being accessed by other users")
+    and fail the last test of the run after it passed."""
+    yield
+    asyncio.run(sync_to_async(connections.close_all, thread_sensitive=True)())
+    with django_db_blocker.unblock():
+        for alias in connections:
+            conn = connections[alias]
+            if conn.vendor != "postgresql":
+                continue
+            with conn.cursor() as cursor:
+                cursor.execute(
+                    "SELECT pid, state, left(query, 120) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+                left = cursor.fetchall()
+                for pid, _state, _query in left:
+                    cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+            if left:
+                threads = sorted(t.name for t in threading.enumerate())
+                LEFT_OVER.append(
+                    f"{len(left)} connection(s) to {conn.settings_dict['NAME']!r} outlived "
+                    f"the tests (ended now): {left}; live threads: {threads}"
+                )
+
+
+LEFT_OVER: list[str] = []  # no_connection_outlives_the_run's findings, for the summary
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for line in LEFT_OVER:
+        terminalreporter.write_line(f"WARNING: {line}", yellow=True)

@@ -75,13 +75,14 @@ def exact_time(value: datetime | None) -> str:
 
 
 def short_time(value: datetime | None) -> SafeString | str:
-    """For lists: the time of day alone when it is today, the whole time on hover."""
+    """For lists: the time of day alone when it is today, the whole time on hover (an
+    older one may wrap between its date and its time)."""
     if value is None:
         return "-"
     local = localtime(value) if is_aware(value) else value
     today = local.date() == (localtime() if is_aware(value) else datetime.now()).date()
     shown = format_date(local, "H:i:s") if today else exact_time(value)
-    return format_html('<span class="dbq-nowrap" title="{}">{}</span>', exact_time(value), shown)
+    return format_html('<span title="{}">{}</span>', exact_time(value), shown)
 
 
 def time_column(field: str, short: bool = False) -> Callable[[Any, Any], SafeString | str]:

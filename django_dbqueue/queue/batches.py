@@ -14,6 +14,7 @@ conditional UPDATE sets ``completed_at``.
 from __future__ import annotations
 
 import random
+import time
 from collections import Counter as Tally
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -199,3 +200,24 @@ def uncounted(model: type[Job], using: str, batch_id: int) -> tuple[dict[int, st
         rows.filter(status__in=FINISHED, batch_counted=False).values_list("id", "status")[:1000]
     )
     return ended, rows.exclude(status__in=FINISHED).exists()
+
+
+def prune_completed(using: str, before: Any, batch_size: int, max_seconds: float | None) -> int:
+    """Delete the batches completed before ``before`` and their counter shards, a chunk
+    of ids at a time (part of retention); returns how many batches. Members that are
+    left (kept longer, or requeued) keep their ``batch_id`` and ``batch_counted``: a
+    later end of theirs is not counted again, and no callback runs again."""
+    deadline = None if max_seconds is None else time.monotonic() + max_seconds
+    rows = _batches().objects.using(using)
+    deleted = 0
+    while deadline is None or time.monotonic() < deadline:
+        old = rows.filter(completed_at__lt=before).order_by("completed_at", "id")
+        ids = list(old.values_list("id", flat=True)[:batch_size])
+        if not ids:
+            break
+        with write_transaction(using):
+            _counters().objects.using(using).filter(batch_id__in=ids).delete()
+            deleted += rows.filter(id__in=ids).delete()[0]
+        if len(ids) < batch_size:
+            break
+    return deleted

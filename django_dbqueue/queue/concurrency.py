@@ -28,7 +28,7 @@ from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Exists, OuterRef
 
-from django_dbqueue.queue import clock
+from django_dbqueue.queue import clock, ratelimits
 from django_dbqueue.queue.dialects import dialect, key_position, write_transaction
 from django_dbqueue.status import CLAIMED, QUEUED
 
@@ -143,12 +143,19 @@ def admit(model: type[Job], using: str, jobs: list[Job], lock: bool) -> list[Job
     keys = sorted(keyed)
     lock_keys(conn, keys, lock)
     parked: list[Job] = []
+    rated = ratelimits.for_keys(keys)  # RATE_LIMITS["key:NAME"]: a start slot per job
     for key, running in zip(keys, claimed_counts(conn, model, keys), strict=True):
+        fits = []
         for job in keyed[key]:
             if running < (job.concurrency_limit or 1):
                 running += 1
+                fits.append(job)
             else:
                 parked.append(job)
+        if key in rated and fits:
+            name = ratelimits.KEY_PREFIX + key
+            wanted = min(len(fits), ratelimits.PER_CLAIM)
+            parked += fits[len(ratelimits.take_here(using, name, rated[key], wanted)) :]
     if parked:
         _park(conn, model, parked)
     gone = {job.id for job in parked}
@@ -253,12 +260,15 @@ def _release_keys(model: type[Job], using: str, keys: list[str], lock: bool) -> 
     running = claimed_counts(conn, model, keys)
     until = model._meta.get_field("run_after").get_db_prep_value(PARKED_UNTIL, conn)
     by_key = _parked(conn, model, keys, until)
+    rated = ratelimits.for_keys(keys)
     released: list[tuple[Any, ...]] = []
     cleared: list[str] = []
     for index, key in enumerate(keys):
         # Release order: priority descending, then id (the window's row numbers).
         parked = sorted(by_key.get(index, []), key=lambda row: row[4])
         free = max(0, int(parked[0][3]) - running[index]) if parked else 0
+        if key in rated and free:  # no more than may start now: their claims take slots
+            free = min(free, ratelimits.free_count(using, ratelimits.KEY_PREFIX + key, rated[key]))
         released += parked[:free]
         if len(parked) <= free:
             cleared.append(key)

@@ -1,5 +1,11 @@
 """Cluster-wide rate limits, enforced at claim (docs/workflows.md).
 
+A limit is per queue (``RATE_LIMITS = {"partner_api": ...}``) or per concurrency key
+(``{"key:api.example.com": ...}``: the jobs of that ``concurrency_key``, whatever their
+queue; :func:`~django_dbqueue.queue.concurrency.admit` takes a key's slots in the
+claim's transaction and parks its jobs that got none, as it parks jobs over the key's
+concurrency limit).
+
 A limit of N starts per period is N :class:`~django_dbqueue.models.RateSlot` rows. A
 claim of a limited queue first takes free slots (used more than ``period`` plus a
 margin ago) with ``FOR UPDATE SKIP LOCKED`` in a short transaction of its own, stamps
@@ -34,6 +40,8 @@ MARGIN_MAX = 0.5
 # claim that counted it, and could share a window with a slot's next claim).
 PER_CLAIM = 1
 FREE = datetime(2000, 1, 1, tzinfo=UTC)  # a slot never used, or given back
+# A RATE_LIMITS name of this prefix limits the jobs of a concurrency key, not a queue.
+KEY_PREFIX = "key:"
 
 
 class Limit(NamedTuple):
@@ -47,9 +55,17 @@ def parse(value: Any) -> dict[str, Limit]:
     if not isinstance(value, Mapping):
         raise ValueError("RATE_LIMITS must be a dict of {queue: {'limit': N, 'period': s}}.")
     limits = {}
+    folded: dict[str, str] = {}
     for key, spec in value.items():
         if not isinstance(key, str) or not 0 < len(key) <= 255:
             raise ValueError(f"RATE_LIMITS: {key!r} is not a queue name (1-255 characters).")
+        if key.startswith(KEY_PREFIX) and not key[len(KEY_PREFIX) :]:
+            raise ValueError(f"RATE_LIMITS: {key!r} names no concurrency key ('key:NAME').")
+        # MariaDB/MySQL compare the slots' keys without case: two such names would share.
+        if folded.setdefault(key.casefold(), key) != key:
+            raise ValueError(
+                f"RATE_LIMITS: {folded[key.casefold()]!r} and {key!r} differ only in case."
+            )
         if not isinstance(spec, Mapping) or set(spec) != {"limit", "period"}:
             raise ValueError(f"RATE_LIMITS[{key!r}] must be {{'limit': N, 'period': seconds}}.")
         limit, period = spec["limit"], spec["period"]
@@ -78,6 +94,14 @@ def limited(queues: Sequence[str]) -> dict[str, Limit]:
     if not limits:
         return {}
     return {queue: limits[queue] for queue in queues if queue in limits}
+
+
+def for_keys(keys: Sequence[str]) -> dict[str, Limit]:
+    """The rate limits of concurrency keys ``keys`` (``"key:NAME"``), by key."""
+    limits = _limits()
+    if not limits:
+        return {}
+    return {key: limits[KEY_PREFIX + key] for key in keys if KEY_PREFIX + key in limits}
 
 
 def claim_limited(
@@ -118,15 +142,29 @@ def _slots(using: str, key: str, limit: Limit) -> Any:
 
 def take(using: str, key: str, limit: Limit, wanted: int) -> list[int]:
     """Up to ``wanted`` free slots of ``key``, stamped now; their ids."""
-    slots = _slots(using, key, limit)
-    wait = limit.period + min(MARGIN * limit.period, MARGIN_MAX)
     with write_transaction(using):
-        free = slots.filter(used_at__lt=Now() - timedelta(seconds=wait))
-        locked = free.select_for_update(skip_locked=True).order_by("slot")
-        ids = list(locked.values_list("id", flat=True)[:wanted])
-        if ids:
-            slots.filter(id__in=ids).update(used_at=Now())
+        return take_here(using, key, limit, wanted)
+
+
+def take_here(using: str, key: str, limit: Limit, wanted: int) -> list[int]:
+    """:func:`take` in the caller's transaction (a claim's: the slots stay locked until
+    it ends, and are used if it commits)."""
+    free = _free(using, key, limit)
+    locked = free.select_for_update(skip_locked=True).order_by("slot")
+    ids = list(locked.values_list("id", flat=True)[:wanted])
+    if ids:
+        _slots(using, key, limit).filter(id__in=ids).update(used_at=Now())
     return ids
+
+
+def free_count(using: str, key: str, limit: Limit) -> int:
+    """How many of ``key``'s slots are free now (a plain read)."""
+    return int(_free(using, key, limit).count())
+
+
+def _free(using: str, key: str, limit: Limit) -> Any:
+    wait = limit.period + min(MARGIN * limit.period, MARGIN_MAX)
+    return _slots(using, key, limit).filter(used_at__lt=Now() - timedelta(seconds=wait))
 
 
 def release(using: str, ids: Sequence[int]) -> None:

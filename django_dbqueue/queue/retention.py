@@ -23,6 +23,7 @@ from django.db import IntegrityError, router, transaction
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Dependency, Duty, Job
 from django_dbqueue.queue import clock
+from django_dbqueue.queue.batches import prune_completed
 from django_dbqueue.queue.concurrency import prune_keys
 from django_dbqueue.status import CANCELLED, DONE, FAILED
 
@@ -143,7 +144,23 @@ def prune(
                 break
             if pause:
                 time.sleep(pause * (time.monotonic() - batch_started))
-    return deleted, True
+    return deleted, _prune_batches(using, targets, size, deadline)
+
+
+def _prune_batches(using: str, targets: list[Cutoff], size: int, deadline: float | None) -> bool:
+    """The batches completed before every status's cutoff (kept as long as the longest
+    kept of their members; not at all when a status is kept forever or not pruned by
+    this run), with their counter rows. Whether everything due was deleted."""
+    if {target.status for target in targets} != set(DEFAULT_RETENTION):
+        return True
+    left = None if deadline is None else deadline - time.monotonic()
+    if left is not None and left <= 0:
+        return False
+    before = min(target.before for target in targets)
+    count = prune_completed(using, before, size, left)
+    if count:
+        logger.debug("Retention: deleted %s completed batch(es)", count)
+    return deadline is None or time.monotonic() < deadline
 
 
 def _forget_edges(using: str, ids: list[int]) -> None:

@@ -4,7 +4,8 @@ A step is a task or a dict like an ``enqueue_many`` item (``{"task": ..., "args"
 ...options}``). A chain's step waits for the step before it (and reads its result with
 :func:`~django_dbqueue.workflows.results.previous_result`); a group's members run in
 parallel, each waiting for what the group was given to wait for. Everything is enqueued
-in one transaction: a bad step writes nothing.
+in one transaction, as ``enqueue_many()`` with ``item(index)`` dependencies: a bad
+step writes nothing.
 """
 
 from __future__ import annotations
@@ -12,11 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from django.db import router, transaction
-
-from django_dbqueue.enqueueing import enqueue
+from django_dbqueue.bulk import enqueue_many
 from django_dbqueue.exceptions import InvalidJob
 from django_dbqueue.models import Job
+from django_dbqueue.workflows.graph import item
 
 
 def chain(
@@ -27,14 +27,9 @@ def chain(
     ``on_dependency_failure="run"``, they run anyway). Returns the jobs, in order."""
     if not steps:
         raise InvalidJob("a chain needs at least one step.")
-    jobs: list[Job] = []
-    with transaction.atomic(using=router.db_for_write(Job)):
-        before: list[Any] = list(depends_on)
-        for step in steps:
-            made = _enqueue(step, before, on_dependency_failure)
-            jobs.append(made)
-            before = [made]
-    return jobs
+    before = [list(depends_on)] + [[item(index)] for index in range(len(steps) - 1)]
+    pairs = zip(steps, before, strict=True)
+    return enqueue_many([_item(step, after, on_dependency_failure) for step, after in pairs])
 
 
 def group(
@@ -44,20 +39,19 @@ def group(
     that waits for the whole group takes the returned list as its ``depends_on``."""
     if not members:
         raise InvalidJob("a group needs at least one member.")
-    with transaction.atomic(using=router.db_for_write(Job)):
-        return [_enqueue(m, list(depends_on), on_dependency_failure) for m in members]
+    return enqueue_many([_item(m, list(depends_on), on_dependency_failure) for m in members])
 
 
-def _enqueue(step: Any, before: list[Any], rule: str) -> Job:
+def _item(step: Any, before: list[Any], rule: str) -> dict[str, Any]:
+    """A step as an enqueue_many() item that waits for ``before``."""
     if isinstance(step, Mapping):
         options = dict(step)
-        task = options.pop("task", None)
-        if task is None:
+        if "task" not in options:
             raise InvalidJob("every step needs a 'task'.")
-        args, kwargs = options.pop("args", None), options.pop("kwargs", None)
         if options.get("depends_on") is not None:
             raise InvalidJob("a step's dependencies are given by its chain or group.")
     else:
-        task, args, kwargs, options = step, None, None, {}
+        options = {"task": step}
     options["on_dependency_failure"] = options.get("on_dependency_failure") or rule
-    return enqueue(task, args, kwargs, depends_on=before or None, **options)
+    options["depends_on"] = before or None
+    return options

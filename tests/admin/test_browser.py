@@ -272,6 +272,9 @@ def test_the_apps_pages_fit_1280_px_with_the_admins_breadcrumbs(
         (f"{admin}/job/schedules/", ("Home", "Jobs", "Dashboard", "Recurring schedules")),
         (f"{admin}/job/{failed.pk}/change/", ("Home", "Jobs", f"#{failed.pk}")),
         (f"{admin}/workerprocess/", ("Home", "Job queue", "Worker processes")),
+        # The job list is Django's page: its columns fit beside the sidebar and filters.
+        (f"{admin}/job/", ("Home", "Job queue", "Jobs")),
+        (f"{admin}/job/?status__exact=failed", ("Home", "Job queue", "Jobs")),
     ):
         page.goto(url)
         assert_laid_out_like_the_admin(page, reference, trail)

@@ -19,6 +19,8 @@ CURRENT_VENDOR = VENDORS[CURRENT_DB]
 SECOND_DATABASE = os.environ.get("DBQUEUE_QUEUE_DB", "") == "1"
 # DBQUEUE_TEST_GALERA=1: only the tests marked galera run, against tests/support/galera.py.
 GALERA = os.environ.get("DBQUEUE_TEST_GALERA", "") == "1"
+# DBQUEUE_TEST_REPLICA=1: only the tests marked replica run, against tests/support/replica.py.
+REPLICA = os.environ.get("DBQUEUE_TEST_REPLICA", "") == "1"
 
 
 class Processes:

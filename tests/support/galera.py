@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -36,6 +34,13 @@ from typing import Any
 import MySQLdb
 
 from tests.support import ROOT
+from tests.support.mariadb_servers import (
+    PrivateServer,
+    fresh_directories,
+    give_to_mysql,
+    install_system_tables,
+    wait_for,
+)
 
 PROVIDER = "/usr/lib/galera/libgalera_smm.so"
 SQL_PORTS = (3321, 3322, 3323)
@@ -58,18 +63,11 @@ def base_directory() -> Path:
     return Path(os.environ.get("DBQUEUE_GALERA_DIR", "/var/tmp/dbqueue-galera"))
 
 
-class GaleraNode:
+class GaleraNode(PrivateServer):
     def __init__(self, cluster: GaleraCluster, index: int) -> None:
+        super().__init__(cluster.directory / f"n{index + 1}", f"n{index + 1}", SQL_PORTS[index])
         self.cluster = cluster
         self.index = index  # 0, 1, 2: n1, n2, n3
-        self.name = f"n{index + 1}"
-        self.port = SQL_PORTS[index]
-        self.directory = cluster.directory / self.name
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def socket(self) -> Path:
-        return self.directory / "mysqld.sock"
 
     def command(self, bootstrap: bool) -> list[str]:
         members = ",".join(f"127.0.0.1:{p}" for p in GROUP_PORTS)
@@ -79,24 +77,7 @@ class GaleraNode:
             "gcache.size=64M;evs.suspect_timeout=PT5S;evs.inactive_timeout=PT10S"
         )
         command = [
-            "mariadbd",
-            "--no-defaults",
-            "--user=mysql",
-            f"--datadir={self.directory / 'data'}",
-            f"--socket={self.socket}",
-            f"--pid-file={self.directory / 'mysqld.pid'}",
-            f"--log-error={self.directory / 'error.log'}",
-            f"--port={self.port}",
-            "--bind-address=127.0.0.1",
-            "--skip-name-resolve",
-            "--performance-schema=OFF",
-            "--innodb-buffer-pool-size=64M",
-            "--innodb-log-file-size=32M",
-            "--innodb-flush-log-at-trx-commit=2",
-            "--max-connections=300",
-            "--character-set-server=utf8mb4",
-            "--collation-server=utf8mb4_unicode_ci",
-            "--default-storage-engine=InnoDB",
+            *self.base_command(),
             "--wsrep-on=ON",
             f"--wsrep-provider={PROVIDER}",
             f"--wsrep-cluster-address=gcomm://{members}",
@@ -114,21 +95,10 @@ class GaleraNode:
         return command
 
     def start(self, bootstrap: bool = False) -> None:
-        log = open(self.directory / "stdout.log", "ab")
-        self.proc = subprocess.Popen(self.command(bootstrap), stdout=log, stderr=log)
-        log.close()
+        self.launch(self.command(bootstrap))
 
     def connect(self, database: str | None = DATABASE, **options: Any) -> Any:
-        return MySQLdb.connect(
-            host="127.0.0.1",
-            port=self.port,
-            user=USER,
-            charset="utf8mb4",
-            connect_timeout=5,
-            autocommit=True,
-            **({"database": database} if database else {}),
-            **options,
-        )
+        return self.connect_as(USER, database, **options)
 
     def status(self) -> dict[str, str]:
         """The node's wsrep status, or {} while it does not answer."""
@@ -147,30 +117,6 @@ class GaleraNode:
         status = self.status()
         return status.get("wsrep_ready") == "ON" and status.get("wsrep_cluster_size") == "3"
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """SIGTERM (a clean leave), then SIGKILL if it does not go."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def kill(self) -> None:
-        """SIGKILL: the node dies as a crashed host would."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
-
-    def error_log(self) -> str:
-        path = self.directory / "error.log"
-        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
-
 
 class GaleraCluster:
     def __init__(self, directory: Path | None = None) -> None:
@@ -179,25 +125,9 @@ class GaleraCluster:
 
     def prepare(self) -> None:
         """Fresh data directories, owned by mysql; n1's initialised (the others get SST)."""
-        if self.directory.exists():
-            shutil.rmtree(self.directory)
-        for node in self.nodes:
-            (node.directory / "data").mkdir(parents=True)
-        subprocess.run(
-            [
-                "mariadb-install-db",
-                "--no-defaults",
-                "--user=mysql",
-                f"--datadir={self.nodes[0].directory / 'data'}",
-                "--auth-root-authentication-method=socket",
-                "--skip-test-db",
-            ],
-            check=True,
-            capture_output=True,
-        )
-        shutil.chown(self.directory, "mysql", "mysql")
-        for path in self.directory.rglob("*"):
-            shutil.chown(path, "mysql", "mysql")
+        fresh_directories(self.directory, self.nodes)
+        install_system_tables(self.nodes[0])
+        give_to_mysql(self.directory)
 
     def start(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT
@@ -216,25 +146,13 @@ class GaleraCluster:
 
     def bootstrap_user(self) -> bool:
         """The test user on every node (it replicates), made through n1's socket as root."""
-        sql = (
+        return self.nodes[0].root_sql(
             f"CREATE USER IF NOT EXISTS '{USER}'@'127.0.0.1';"
             f"GRANT ALL ON *.* TO '{USER}'@'127.0.0.1' WITH GRANT OPTION;"
         )
-        done = subprocess.run(
-            ["mariadb", "--no-defaults", f"--socket={self.nodes[0].socket}", "-uroot", "-e", sql],
-            capture_output=True,
-        )
-        return done.returncode == 0
 
     def wait(self, deadline: float, predicate: Any) -> None:
-        while not predicate():
-            for node in self.nodes:
-                if node.proc is not None and node.proc.poll() is not None:
-                    raise AssertionError(f"Galera {node.name} exited:\n{node.error_log()}")
-            if time.monotonic() > deadline:
-                logs = "\n".join(f"--- {n.name}\n{n.error_log()}" for n in self.nodes)
-                raise AssertionError(f"the Galera cluster did not start in time\n{logs}")
-            time.sleep(0.2)
+        wait_for(deadline, predicate, self.nodes, "the Galera cluster")
 
     def migrate(self) -> None:
         subprocess.run(

@@ -145,3 +145,40 @@ def test_a_bad_member_writes_nothing() -> None:
         enqueue_batch([*members(1), {"task": "no.such.task"}], on_complete=spec("x"))
     assert not Job.objects.exists()
     assert not Batch.objects.exists()
+
+
+def test_retention_prunes_completed_batches_and_members_pruned_early_stay_counted() -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from django_dbqueue.models import Batch as BatchRow
+    from django_dbqueue.queue.retention import Cutoff, prune
+
+    def cutoffs(*statuses: str) -> list[Cutoff]:
+        return [Cutoff(status, timezone.now() + timedelta(seconds=1)) for status in statuses]
+
+    # A member pruned before its batch completes: counted when it ended, so the batch
+    # completes once the others end, with it among the done.
+    early = enqueue_batch(members(1), on_complete=spec("early"), close=False)
+    drain()
+    assert prune(cutoffs(Job.Status.DONE))[0] == 1
+    add_to_batch(early, members(2))
+    close_batch(early)
+    open_batch = enqueue_batch(members(1), close=False)  # never closed: never completes
+    drain()
+    [callback] = callbacks("early")
+    assert callback.kwargs["batch"]["done"] == 3
+    assert BatchRow.objects.filter(completed_at__isnull=False).count() == 1
+    # Pruning only some statuses keeps the batches: their members may be kept longer.
+    prune(cutoffs(Job.Status.DONE, Job.Status.FAILED))
+    assert BatchRow.objects.count() == 2
+    assert prune(cutoffs("done", "failed", "cancelled"))[1]  # everything due deleted
+    assert list(BatchRow.objects.values_list("id", flat=True)) == [open_batch.pk]
+    assert set(BatchCounter.objects.values_list("batch_id", flat=True)) == {open_batch.pk}
+    # A completed batch younger than the cutoffs stays.
+    young = enqueue_batch(members(1))
+    drain()
+    old = [Cutoff(s, timezone.now() - timedelta(hours=1)) for s in ("done", "failed", "cancelled")]
+    prune(old)
+    assert BatchRow.objects.filter(pk=young.pk, completed_at__isnull=False).exists()
