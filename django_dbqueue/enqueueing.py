@@ -175,7 +175,8 @@ def enqueue(
     refuse_event_loop("enqueue", "aenqueue")
     if options:
         bounds.unknown_options("enqueue()", options, NAMES)
-    job, _created = save_job(build_job(task, args, kwargs, **options))
+    using = clock.job_database()  # once: the time and the INSERT are of that database
+    job, _created = save_job(build_job(task, args, kwargs, now=clock.now(using), **options), using)
     return job
 
 
@@ -207,14 +208,15 @@ def refuse_event_loop(name: str, async_name: str) -> None:
         )
 
 
-def save_job(job: Job) -> tuple[Job, bool]:
-    """Insert a job built by :func:`build_job`; returns (job, created).
+def save_job(job: Job, using: str | None = None) -> tuple[Job, bool]:
+    """Insert a job built by :func:`build_job` into the job database (``using``, when
+    the caller has it); returns (job, created).
 
     With a ``unique_key`` that a waiting or running job holds, nothing is inserted and
     that job is returned with ``created=False``. A created job's ``jobs_enqueued`` is
     sent when the surrounding transaction commits.
     """
-    using = router.db_for_write(Job)
+    using = using or router.db_for_write(Job)
     check_transaction(using)
     if job.concurrency_key is not None:
         ensure_keys(using, [job.concurrency_key])
@@ -237,6 +239,8 @@ def check_transaction(using: str) -> None:
     """Say so when the caller is inside a transaction of another database than the
     queue's ``using``: the job is committed on its own, whether that transaction commits
     or rolls back (``DBQUEUE['CROSS_DATABASE_ENQUEUE']``: warn, raise or ignore)."""
+    if len(connections.settings) < 2:  # one database: no other transaction to be in
+        return
     mode = settings.CROSS_DATABASE_ENQUEUE
     if mode == "ignore" or connections[using].in_atomic_block:
         return
@@ -272,7 +276,8 @@ def _insert(job: Job, using: str) -> tuple[Job, bool]:
     values = job.__dict__
     text = json_text(job)
     unique = job.unique_key is not None
-    due = job.run_after <= clock.now(using)
+    # Due when it was made (the database's clock only moves on), else the clock decides.
+    due = job.run_after <= job.created_at or job.run_after <= clock.now(using)
     notify = announce.notify_args(conn, job.queue) if due else None
     notified_at = time.monotonic()  # before the INSERT that carries the pg_notify
     # Outside a caller's transaction a deadlock between inserts of the same key (InnoDB

@@ -8,6 +8,12 @@ sent for a no-op job; the drain runs the claim of queue/claim.py statement for
 statement and records each batch DONE as queue/finish.py does (which also keeps each
 job's start time). The queue's figure as a share of these is its overhead on this
 machine and server, whatever their speed. Server databases only.
+
+Replaying our own statements cannot show that the statements themselves cost. So beside
+them runs a second yardstick, the simplest correct batch claim (:func:`simple_drain`,
+``simple_drain_per_s``): a locking read of a batch of queued ids (100) in id order with ``SKIP
+LOCKED``, one UPDATE to claim them, COMMIT, one UPDATE to done - what a queue that knows
+nothing of queues, priorities, ``run_after``, leases or concurrency keys sends.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import connections, router
 from django.utils import timezone
@@ -188,17 +194,21 @@ class _Statements:
         return self.conn.ops.adapt_datetimefield_value(timezone.now())
 
 
-def _drain_loop(using: str, statements: _Statements, start: Any) -> None:
-    """One process: waits for the start, then drains; exits."""
+def _drain_loop(
+    using: str, drain: Any, statements: Any, start: Any, taken: Any, index: int
+) -> None:
+    """One process: waits for the start, then drains with ``drain(statements, cursor,
+    owner)``, which returns how many jobs it took (kept at ``taken[index]``); exits."""
     with _driver_connection(using) as raw:
         start.wait()
-        _drain(statements, raw.cursor(), f"{RAW_OWNER}:{os.getpid()}")
+        taken[index] = drain(statements, raw.cursor(), f"{RAW_OWNER}:{os.getpid()}")
     os._exit(0)
 
 
-def _drain(s: _Statements, cursor: Any, owner: str) -> None:
+def _drain(s: _Statements, cursor: Any, owner: str) -> int:
     """Claim a batch, record it done, until nothing runnable is left."""
     taken: list[int] = []
+    drained = 0
     while True:
         now = s.now()
         if s.vendor == "mysql":
@@ -229,27 +239,37 @@ def _drain(s: _Statements, cursor: Any, owner: str) -> None:
             if s.vendor == "mysql":
                 taken += candidates  # another process holds them: read past them
                 continue
-            break
+            return drained
         taken.clear()
+        drained += len(ids)
         finished = [DONE, s.now(), s.false]
         if s.json_ids:
             cursor.execute(s.finish, [json.dumps(ids), *finished, CLAIMED, owner])
         else:
             cursor.execute(s.finish.format(ids=where), [*finished, *params, CLAIMED, owner])
+    return drained
 
 
-def raw_drain(count: int, workers: int, batch_size: int, queue: str) -> float:
-    """``workers`` processes draining ``count`` queued no-op jobs with the queue's claim
-    and finish statements; timed from their common start to the last one's end."""
+class Drained(NamedTuple):
+    per_s: float  # jobs drained per second, from the processes' common start
+    taken: list[int]  # jobs each process took
+
+
+def _timed_drain(count: int, workers: int, queue: str, drain: Any, statements: Any) -> Drained:
+    """``workers`` processes running ``drain`` over ``count`` queued no-op jobs, timed
+    from their common start to the last one's end. Raises RuntimeError unless every job
+    ended DONE and the processes took ``count`` jobs between them: then none was taken
+    twice."""
     using = router.db_for_write(Job)
     wait_for_purge(using)
     enqueue_many({"task": noop, "queue": queue} for _ in range(count))
-    statements = _Statements(using, queue, batch_size)
     connections.close_all()
     ctx = multiprocessing.get_context("fork")
     start = ctx.Event()
+    taken = ctx.Array("q", workers)
     processes = [
-        ctx.Process(target=_drain_loop, args=(using, statements, start)) for _ in range(workers)
+        ctx.Process(target=_drain_loop, args=(using, drain, statements, start, taken, index))
+        for index in range(workers)
     ]
     for process in processes:
         process.start()
@@ -259,7 +279,61 @@ def raw_drain(count: int, workers: int, batch_size: int, queue: str) -> float:
     for process in processes:
         process.join()
     elapsed = time.perf_counter() - started
-    done = Job.objects.using(using).filter(status=DONE, owner__startswith=RAW_OWNER).count()
-    if done != count or any(p.exitcode for p in processes):
-        raise RuntimeError(f"raw drain incomplete: {done} of {count} done")
-    return count / elapsed
+    each = [int(taken[index]) for index in range(workers)]
+    done = Job.objects.using(using).filter(status=DONE).count()
+    if done != count or sum(each) != count or any(p.exitcode for p in processes):
+        raise RuntimeError(f"drain incomplete: {done} of {count} done, {sum(each)} taken")
+    return Drained(count / elapsed, each)
+
+
+def raw_drain(count: int, workers: int, batch_size: int, queue: str) -> float:
+    """``workers`` processes draining ``count`` queued no-op jobs with the queue's claim
+    and finish statements."""
+    statements = _Statements(router.db_for_write(Job), queue, batch_size)
+    return _timed_drain(count, workers, queue, _drain, statements).per_s
+
+
+class _Simple:
+    """The simplest batch claim's statements (on the job table, whose other columns
+    keep what enqueue_many gave them)."""
+
+    def __init__(self, using: str, batch_size: int) -> None:
+        conn = connections[using]
+        qn = conn.ops.quote_name
+        table, status = qn(Job._meta.db_table), qn("status")
+        self.conn = conn
+        self.batch_size = batch_size
+        self.begin = "START TRANSACTION" if conn.vendor == "mysql" else "BEGIN"
+        self.lock = (
+            f"SELECT {qn('id')} FROM {table} WHERE {status} = %s "  # noqa: S608
+            f"ORDER BY {qn('id')} LIMIT %s FOR UPDATE SKIP LOCKED"
+        )
+        self.mark = f"UPDATE {table} SET {status} = %s WHERE {{ids}}"  # noqa: S608
+
+    def ids_in(self, ids: list[int]) -> tuple[str, list[Any]]:
+        return ids_in(self.conn, self.conn.ops.quote_name("id"), ids)
+
+
+def _simple(s: _Simple, cursor: Any, owner: str) -> int:
+    """Lock a batch, claim it, commit, record it done, until a locking read finds
+    nothing (every job taken, or locked by another process that takes it)."""
+    drained = 0
+    while True:
+        cursor.execute(s.begin)
+        cursor.execute(s.lock, [QUEUED, s.batch_size])
+        ids = [row[0] for row in cursor.fetchall()]
+        if ids:
+            where, params = s.ids_in(ids)
+            cursor.execute(s.mark.format(ids=where), [CLAIMED, *params])
+        cursor.execute("COMMIT")
+        if not ids:
+            return drained
+        cursor.execute(s.mark.format(ids=where), [DONE, *params])
+        drained += len(ids)
+
+
+def simple_drain(count: int, workers: int, batch_size: int, queue: str) -> Drained:
+    """``workers`` processes draining ``count`` queued no-op jobs with the simplest batch
+    claim (the module's docstring), in batches of the queue's size (100 by default)."""
+    statements = _Simple(router.db_for_write(Job), batch_size)
+    return _timed_drain(count, workers, queue, _simple, statements)

@@ -12,16 +12,16 @@ from typing import Any
 
 from django.db import connections, router
 
-from django_dbqueue.bench import baseline, runs
+from django_dbqueue.bench import baseline, runs, steady
 from django_dbqueue.conf import settings
 from django_dbqueue.management.commands.run_jobs import metrics_server, positive_int
 from django_dbqueue.models import Job
 from django_dbqueue.queue import announce
 
 Say = Callable[[str], None]
-PARTS = ("enqueue", "drain", "raw", "latency", "history", "duties")
+PARTS = ("enqueue", "drain", "raw", "latency", "steady", "history", "duties")
 # What runs without --only: the duties comparison drains several times over and is asked for.
-DEFAULT_PARTS = ("enqueue", "drain", "raw", "latency", "history")
+DEFAULT_PARTS = ("enqueue", "drain", "raw", "latency", "steady", "history")
 # (figure, its yardstick in the raw part): the share is reported when both were measured.
 OF_RAW = (
     ("enqueue_single_per_s", "raw_enqueue_single_per_s"),
@@ -59,6 +59,11 @@ ARGUMENTS: tuple[tuple[tuple[str, ...], dict[str, Any]], ...] = (
     (("--single",), _count(2_000, "Jobs enqueued one at a time (default 2000).")),
     (("--bulk",), _count(50_000, "Jobs enqueued with enqueue_many (default 50000).")),
     (("--samples",), _count(200, "Idle pickup latency samples (default 200).")),
+    (
+        ("--rate",),
+        _count(500, "Jobs/s the steady part's producer enqueues, one at a time (default 500)."),
+    ),
+    (("--seconds",), _count(10, "How long the steady part's producer runs (default 10 s).")),
     (
         ("--history",),
         _count(1_000_000, "Finished rows in the table for the last drain (default 1M)."),
@@ -119,6 +124,8 @@ def run(options: dict[str, Any], say: Say) -> runs.Results:
         _enqueue(options, results, say)
     if "latency" in parts:
         _latency(options, results, say)
+    if "steady" in parts:
+        _steady(options, results, say)
     if "history" in parts:
         _history(options, results, say)
     if "duties" in parts:
@@ -127,6 +134,8 @@ def run(options: dict[str, Any], say: Say) -> runs.Results:
     for figure, raw in OF_RAW:
         if figure in fig and raw in fig:
             fig[figure.replace("_per_s", "_of_raw_pct")] = 100 * fig[figure] / fig[raw]
+    if "drain_per_s" in fig and "simple_drain_per_s" in fig:
+        fig["drain_of_simple_pct"] = 100 * fig["drain_per_s"] / fig["simple_drain_per_s"]
     return results
 
 
@@ -235,6 +244,21 @@ def _latency(options: dict[str, Any], results: runs.Results, say: Say) -> None:
     runs.clear_jobs()
 
 
+def _steady(options: dict[str, Any], results: runs.Results, say: Say) -> None:
+    rate, seconds = options["rate"], options["seconds"]
+    results.notes["steady_rate_asked"] = rate
+    results.notes["steady_seconds"] = seconds
+    fig = steady.bench_steady(
+        rate, seconds, options["workers"], options["batch_size"], str(settings.DEFAULT_QUEUE)
+    )
+    results.figures.update(fig)
+    say(
+        f"  pickup latency at {fig['steady_rate_per_s']:,.0f} jobs/s for {seconds} s: p50 "
+        f"{fig['steady_pickup_p50_ms']:.1f} ms, p99 {fig['steady_pickup_p99_ms']:.1f} ms"
+    )
+    runs.clear_jobs()
+
+
 def _history(options: dict[str, Any], results: runs.Results, say: Say) -> None:
     seconds = runs.fill_history(options["history"], say)
     results.notes["history_rows"] = options["history"]
@@ -285,9 +309,10 @@ def _raw(options: dict[str, Any], results: runs.Results, say: Say) -> None:
         say("  raw drain: no-op jobs without keys or threads only")
     else:
         batch = options["batch_size"] or int(settings.BATCH_SIZE)
-        fig["raw_drain_per_s"] = baseline.raw_drain(
-            options["jobs"], options["workers"], batch, str(settings.DEFAULT_QUEUE)
-        )
+        drain = (options["jobs"], options["workers"], batch, str(settings.DEFAULT_QUEUE))
+        fig["raw_drain_per_s"] = baseline.raw_drain(*drain)
+        runs.clear_jobs()
+        fig["simple_drain_per_s"] = baseline.simple_drain(*drain).per_s
         runs.clear_jobs()
     measured = [
         f"{name} {fig[key]:,.0f} /s"
@@ -299,6 +324,8 @@ def _raw(options: dict[str, Any], results: runs.Results, say: Say) -> None:
         if key in fig
     ]
     say("  the same statements, driver only: " + ", ".join(measured))
+    if "simple_drain_per_s" in fig:
+        say(f"  the simplest batch claim, driver only: drain {fig['simple_drain_per_s']:,.0f} /s")
 
 
 def as_json(results: runs.Results) -> str:

@@ -50,13 +50,13 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
-from django.apps import apps
-from django.db import connections, router
+from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_dbqueue.conf import PerSettings, settings
 from django_dbqueue.queue import clock
 from django_dbqueue.queue.breaker import CircuitBreaker, bounded_redis
+from django_dbqueue.queue.clock import job_database
 from django_dbqueue.queue.dialects import dialect
 
 logger = logging.getLogger("django_dbqueue.wakeup")
@@ -65,12 +65,6 @@ SWITCHES = "dbqueue_switches"  # queues paused or resumed
 # Seconds: a process announces jobs of the same queues at most once in this window, and
 # a worker that heard an announcement claims again this long after hearing it (above).
 COALESCE = 0.010
-
-
-def job_database() -> str:
-    """The alias of the job database (the model from the app registry: the models
-    module stands on this room, not under it)."""
-    return router.db_for_write(apps.get_model("django_dbqueue", "Job"))
 
 
 def redis_client(alias: str) -> Any:
@@ -233,6 +227,9 @@ def jobs_committed(jobs: Sequence[Any], using: str) -> None:
         woken = job.__dict__.pop(WOKEN, None)
         if woken is not None:  # its INSERT's pg_notify went out with the commit
             _note_announced(("postgres", using, job.queue), woken)
+            continue
+        if job.run_after <= job.created_at:  # due when it was made: no clock to read
+            due.add(job.queue)
             continue
         now = now or clock.now(using)
         if job.run_after <= now:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
-from typing import NamedTuple
+from functools import cache
+from typing import Any, NamedTuple
 
 from django.apps import apps
 from django.conf import settings as django_settings
@@ -42,6 +43,7 @@ class Reading(NamedTuple):
     at: datetime  # the server's time, aware, UTC
     monotonic: float  # this process's monotonic clock when the question was sent
     offset: float  # seconds the database's clock is ahead of this host's (negative: behind)
+    host: bool = False  # no server clock (SQLite): the time is the host's timezone.now()
 
 
 _readings: dict[str, Reading] = {}
@@ -53,7 +55,7 @@ def read(using: str) -> Reading:
     sql = dialect(conn).clock_sql
     if not sql:
         host = datetime.now(UTC)
-        reading = Reading(host, time.monotonic(), 0.0)
+        reading = Reading(host, time.monotonic(), 0.0, host=True)
     else:
         with conn.cursor() as cursor:
             asked, host_time = time.monotonic(), time.time()
@@ -76,20 +78,34 @@ def reading(using: str, fresh: bool = False) -> Reading:
 
 def now(using: str, fresh: bool = False) -> datetime:
     """The database's time now, as ``timezone.now()`` gives it (aware in UTC, or naive in
-    the project's zone when ``USE_TZ`` is off)."""
-    if not dialect(connections[using]).clock_sql:
-        return timezone.now()
+    the project's zone when ``USE_TZ`` is off).
+
+    On every enqueue (twice): the kept reading is looked up first, without the
+    connection (a thread-local lookup) or its dialect."""
     last = reading(using, fresh)
+    if last.host:
+        return timezone.now()
     at = last.at + timedelta(seconds=time.monotonic() - last.monotonic)
     if django_settings.USE_TZ:
         return at
     return timezone.make_naive(at, timezone.get_default_timezone())
 
 
+@cache
+def _job_model() -> Any:
+    # From the app registry (models.py stands on this room), once: a failed lookup
+    # (the registry not ready yet) raises and is not kept.
+    return apps.get_model("django_dbqueue", "Job")
+
+
+def job_database() -> str:
+    """The alias of the job database (where the router writes jobs)."""
+    return router.db_for_write(_job_model())
+
+
 def queue_now(fresh: bool = False) -> datetime:
-    """:func:`now` of the job database (where the router writes jobs)."""
-    # From the app registry: models.py stands on this room.
-    return now(router.db_for_write(apps.get_model("django_dbqueue", "Job")), fresh)
+    """:func:`now` of the job database."""
+    return now(job_database(), fresh)
 
 
 def offset(using: str) -> float:

@@ -23,11 +23,11 @@ from django_dbqueue.queue.announce import (
     CHANNEL,
     COALESCE,
     SWITCHES,
-    job_database,
     method,
     redis_channel,
     redis_client,
 )
+from django_dbqueue.queue.clock import job_database
 from django_dbqueue.queue.dialects.pooler import own_connection, transaction_pooled
 
 __all__ = ["CHANNEL", "COALESCE", "SWITCHES", "Listener", "listen", "method"]

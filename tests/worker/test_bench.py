@@ -30,6 +30,10 @@ def test_bench_reports_every_figure_as_json() -> None:
         "300",
         "--samples",
         "10",
+        "--rate",
+        "50",
+        "--seconds",
+        "1",
         "--history",
         "2000",
         "--workers",
@@ -50,16 +54,24 @@ def test_bench_reports_every_figure_as_json() -> None:
         assert 10 < report[key] < 10_000_000, (key, report[key])
     assert 0 < report["latency_p50_ms"] <= report["latency_p90_ms"] <= report["latency_p99_ms"]
     assert report["latency_p99_ms"] < 5_000
+    assert report["steady_rate_asked"] == 50 and report["steady_seconds"] == 1
+    assert 0 < report["steady_rate_per_s"] <= 50 * 1.05
+    assert 0 <= report["steady_pickup_p50_ms"] <= report["steady_pickup_p99_ms"]
     # Beside them, on a server, the same statements sent by the driver alone.
     shares = ("enqueue_single", "enqueue_bulk", "drain")
     if connection.vendor == "sqlite":
-        assert not [key for key in report if "raw" in key]
+        assert not [key for key in report if "raw" in key or "simple" in key]
     else:
         for name in shares:
             raw = report[f"raw_{name}_per_s"]
             assert 10 < raw < 10_000_000, (name, raw)
             share = report[f"{name}_of_raw_pct"]
             assert share == pytest.approx(100 * report[f"{name}_per_s"] / raw, rel=1e-3)
+        # And the simplest batch claim, run by as many processes in the same run.
+        simple = report["simple_drain_per_s"]
+        assert 10 < simple < 10_000_000, simple
+        share = report["drain_of_simple_pct"]
+        assert share == pytest.approx(100 * report["drain_per_s"] / simple, rel=1e-3)
     assert Job.objects.count() == 0, "the benchmark cleans up after itself"
 
 
@@ -79,6 +91,34 @@ def test_raw_loops_do_the_queues_work_with_the_driver_alone() -> None:
     owners = set(Job.objects.values_list("owner", flat=True))
     assert Job.objects.filter(status=Job.Status.DONE, attempts=1).count() == 3000
     assert len(owners) == 2 and all(o.startswith(baseline.RAW_OWNER) for o in owners), owners
+
+
+@pytest.mark.only_vendor("mysql", "postgresql")
+def test_simple_drain_takes_every_job_exactly_once_in_every_process() -> None:
+    from django_dbqueue.bench import baseline
+
+    drained = baseline.simple_drain(3000, 2, 100, "default")
+    assert drained.per_s > 0
+    # Every job done, and the two processes took 3000 between them: none took a job
+    # another one took (a job taken twice would count twice).
+    assert Job.objects.filter(status=Job.Status.DONE).count() == 3000
+    assert sum(drained.taken) == 3000
+    assert len(drained.taken) == 2 and all(taken > 0 for taken in drained.taken), drained.taken
+    # The simplest claim writes the status alone: no owner, no attempt counted.
+    assert not Job.objects.exclude(owner="").exists()
+    assert not Job.objects.exclude(attempts=0).exists()
+
+
+def test_steady_load_runs_every_produced_job_once() -> None:
+    from django_dbqueue.bench import steady
+
+    figures = steady.bench_steady(40, 2, 2, None, "default")
+    # 80 jobs produced one at a time, each run once, by a worker that was waiting.
+    assert Job.objects.count() == 80
+    assert Job.objects.filter(status=Job.Status.DONE, attempts=1).count() == 80
+    assert set(figures) == {"steady_pickup_p50_ms", "steady_pickup_p99_ms", "steady_rate_per_s"}
+    assert 0 <= figures["steady_pickup_p50_ms"] <= figures["steady_pickup_p99_ms"]
+    assert 0 < figures["steady_rate_per_s"] <= 40 * 1.05
 
 
 def test_bench_prints_a_table() -> None:
