@@ -1,0 +1,146 @@
+"""Statements per 100 no-op jobs for H hosts x C children, from the server's own counters.
+
+    DBQUEUE_DB=mysql DBQUEUE_DB_NAME=claimer_m MYSQL_USER=claimer_m \
+        python scripts/claim_stream.py --hosts 3 --children 16 --jobs 30000
+
+Each "host" is one ``run_jobs --burst --concurrency C`` process with its own name. The
+figures come from the server: MariaDB's ``information_schema.USER_STATISTICS`` for the
+user the workers connect as (so run them as a user of their own: other clients of the
+server do not count), PostgreSQL's ``pg_stat_database`` (``xact_commit``: one per
+statement outside a transaction, one per transaction) for the database of their own.
+Claim transactions that locked nothing are counted on the client: the hosts run with
+``claim._take`` wrapped to write one byte per claim transaction to a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+
+
+def host(log: str, children: int) -> None:
+    """One host: run_jobs with every claim transaction noted (E: locked nothing)."""
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    from django_dbqueue.queue import claim
+
+    take = claim._take
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        locked, jobs = take(*args, **kwargs)
+        os.write(fd, b"E" if not locked else b"F")
+        return locked, jobs
+
+    claim._take = counted  # type: ignore[assignment]
+    call_command("run_jobs", "--burst", "--concurrency", str(children))
+
+
+def counters() -> dict[str, int]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute(
+                "SELECT SELECT_COMMANDS, UPDATE_COMMANDS, OTHER_COMMANDS, COMMIT_TRANSACTIONS,"
+                " ROLLBACK_TRANSACTIONS FROM information_schema.USER_STATISTICS WHERE USER = %s",
+                [connection.settings_dict["USER"]],
+            )
+            row = cursor.fetchone() or (0, 0, 0, 0, 0)
+            keys = ("select", "update", "other", "commit", "rollback")
+            return dict(zip(keys, map(int, row), strict=True))
+        cursor.execute(
+            "SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = %s",
+            [connection.settings_dict["NAME"]],
+        )
+        commit, rollback = cursor.fetchone()
+        return {"commit": int(commit), "rollback": int(rollback)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--hosts", type=int, default=3)
+    parser.add_argument("--children", type=int, default=16)
+    parser.add_argument("--jobs", type=int, default=30000)
+    parser.add_argument("--host-log")
+    args = parser.parse_args()
+    if args.host_log:
+        host(args.host_log, args.children)
+        return
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection
+
+    from django_dbqueue import enqueue_many
+    from django_dbqueue.models import Job, WorkerProcess
+    from tests.support import jobs
+
+    call_command("migrate", verbosity=0)
+    Job.objects.all().delete()
+    WorkerProcess.objects.all().delete()
+    for start in range(0, args.jobs, 5000):
+        enqueue_many({"task": jobs.noop} for _ in range(min(5000, args.jobs - start)))
+    connection.close()
+    if connection.vendor == "postgresql":
+        time.sleep(1)  # pg_stat_database is updated at most every 0.5 s
+    log = Path(f"/tmp/claim_stream_{os.getpid()}.log")
+    log.unlink(missing_ok=True)
+    before = counters()
+    connection.close()
+    began = time.monotonic()
+    hosts = [
+        subprocess.Popen(
+            [sys.executable, __file__, "--host-log", str(log), "--children", str(args.children)],
+            stdout=subprocess.DEVNULL,
+        )
+        for _ in range(args.hosts)
+    ]
+    for proc in hosts:
+        proc.wait()
+    seconds = time.monotonic() - began
+    if connection.vendor == "postgresql":
+        time.sleep(1)
+    after = counters()
+    done = Job.objects.filter(status=Job.Status.DONE).count()
+    marks = log.read_bytes() if log.exists() else b""
+    delta = {key: after[key] - before[key] for key in after}
+    statements = sum(v for k, v in delta.items() if k in ("select", "update", "other"))
+    if connection.vendor == "postgresql":
+        statements = delta["commit"] + delta["rollback"]
+    print(
+        json.dumps(
+            {
+                "vendor": connection.vendor,
+                "hosts": args.hosts,
+                "children": args.children,
+                "jobs": args.jobs,
+                "done": done,
+                "seconds": round(seconds, 2),
+                "counters": delta,
+                "statements_per_100_jobs": round(100 * statements / max(done, 1), 1),
+                "claim_transactions": len(marks),
+                "empty_claim_transactions": marks.count(b"E"),
+                "empty_share": round(marks.count(b"E") / max(len(marks), 1), 3),
+                "load": Path("/proc/loadavg").read_text().split()[:3],
+            }
+        )
+    )
+    log.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    main()
