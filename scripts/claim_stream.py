@@ -8,8 +8,8 @@ figures come from the server: MariaDB's ``information_schema.USER_STATISTICS`` f
 user the workers connect as (so run them as a user of their own: other clients of the
 server do not count), PostgreSQL's ``pg_stat_database`` (``xact_commit``: one per
 statement outside a transaction, one per transaction) for the database of their own.
-Claim transactions that locked nothing are counted on the client: the hosts run with
-``claim._take`` wrapped to write one byte per claim transaction to a file.
+Claims, their statements and the claim transactions that locked nothing are counted on
+the client: the hosts run ``tests/support/counted_claims.py``.
 """
 
 from __future__ import annotations
@@ -25,27 +25,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
-
-
-def host(log: str, children: int) -> None:
-    """One host: run_jobs with every claim transaction noted (E: locked nothing)."""
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    from django_dbqueue.queue import claim
-
-    take = claim._take
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-
-    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
-        locked, jobs = take(*args, **kwargs)
-        os.write(fd, b"E" if not locked else b"F")
-        return locked, jobs
-
-    claim._take = counted  # type: ignore[assignment]
-    call_command("run_jobs", "--burst", "--concurrency", str(children))
 
 
 def counters() -> dict[str, int]:
@@ -74,11 +53,7 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=3)
     parser.add_argument("--children", type=int, default=16)
     parser.add_argument("--jobs", type=int, default=30000)
-    parser.add_argument("--host-log")
     args = parser.parse_args()
-    if args.host_log:
-        host(args.host_log, args.children)
-        return
     import django
 
     django.setup()
@@ -87,7 +62,7 @@ def main() -> None:
 
     from django_dbqueue import enqueue_many
     from django_dbqueue.models import Job, WorkerProcess
-    from tests.support import jobs
+    from tests.support import counted_claims, jobs
 
     call_command("migrate", verbosity=0)
     Job.objects.all().delete()
@@ -104,8 +79,10 @@ def main() -> None:
     began = time.monotonic()
     hosts = [
         subprocess.Popen(
-            [sys.executable, __file__, "--host-log", str(log), "--children", str(args.children)],
+            [sys.executable, "-m", "tests.support.counted_claims", str(log), "--burst"]
+            + ["--concurrency", str(args.children)],
             stdout=subprocess.DEVNULL,
+            cwd=ROOT,
         )
         for _ in range(args.hosts)
     ]
@@ -116,7 +93,9 @@ def main() -> None:
         time.sleep(1)
     after = counters()
     done = Job.objects.filter(status=Job.Status.DONE).count()
-    marks = log.read_bytes() if log.exists() else b""
+    claims = counted_claims.read(str(log))
+    transactions = sum(claim[2] for claim in claims)
+    empty = sum(claim[3] for claim in claims)
     delta = {key: after[key] - before[key] for key in after}
     statements = sum(v for k, v in delta.items() if k in ("select", "update", "other"))
     if connection.vendor == "postgresql":
@@ -132,9 +111,12 @@ def main() -> None:
                 "seconds": round(seconds, 2),
                 "counters": delta,
                 "statements_per_100_jobs": round(100 * statements / max(done, 1), 1),
-                "claim_transactions": len(marks),
-                "empty_claim_transactions": marks.count(b"E"),
-                "empty_share": round(marks.count(b"E") / max(len(marks), 1), 3),
+                "claims": len(claims),
+                "claims_with_jobs": sum(1 for claim in claims if claim[1]),
+                "claim_statements": sum(claim[0] for claim in claims),
+                "claim_transactions": transactions,
+                "empty_claim_transactions": empty,
+                "empty_share": round(empty / max(transactions, 1), 3),
                 "load": Path("/proc/loadavg").read_text().split()[:3],
             }
         )
