@@ -50,7 +50,6 @@ def check_queue_reads(**kwargs: Any) -> list[checks.CheckMessage]:
     return errors
 
 
-
 def check_galera(
     databases: Any = None, deploy: bool = False, **kwargs: Any
 ) -> list[checks.CheckMessage]:

@@ -7,7 +7,9 @@ Each "host" is one ``run_jobs --burst --concurrency C`` process with its own nam
 figures come from the server: MariaDB's ``information_schema.USER_STATISTICS`` for the
 user the workers connect as (so run them as a user of their own: other clients of the
 server do not count), PostgreSQL's ``pg_stat_database`` (``xact_commit``: one per
-statement outside a transaction, one per transaction) for the database of their own.
+statement outside a transaction, one per transaction, so fewer than the statements: the
+claims' own statements are counted on the client, ``claim_statements``) for the
+database of their own.
 Claims, their statements and the claim transactions that locked nothing are counted on
 the client: the hosts run ``tests/support/counted_claims.py``.
 """
@@ -77,10 +79,10 @@ def main() -> None:
     before = counters()
     connection.close()
     began = time.monotonic()
+    host = [sys.executable, "-m", "tests.support.counted_claims", str(log), "--burst"]
     hosts = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.support.counted_claims", str(log), "--burst"]
-            + ["--concurrency", str(args.children)],
+            [*host, "--concurrency", str(args.children)],
             stdout=subprocess.DEVNULL,
             cwd=ROOT,
         )
@@ -117,6 +119,9 @@ def main() -> None:
                 "claim_transactions": transactions,
                 "empty_claim_transactions": empty,
                 "empty_share": round(empty / max(transactions, 1), 3),
+                # Where they were: in claims that then took jobs, or in claims that found
+                # nothing (the end of the drain, other hosts holding the last jobs).
+                "empty_in_claims_with_jobs": sum(claim[3] for claim in claims if claim[1]),
                 "load": Path("/proc/loadavg").read_text().split()[:3],
             }
         )

@@ -79,9 +79,7 @@ class _Receivers:
         signals.job_finished.connect(self.finished, weak=False, dispatch_uid=f"{UID}.finished")
         signals.job_failed.connect(self.failed, weak=False, dispatch_uid=f"{UID}.failed")
         signals.jobs_claimed.connect(self.claimed, weak=False, dispatch_uid=f"{UID}.claimed")
-        signals.conflict_retried.connect(
-            self.conflict, weak=False, dispatch_uid=f"{UID}.conflict"
-        )
+        signals.conflict_retried.connect(self.conflict, weak=False, dispatch_uid=f"{UID}.conflict")
         hooks.add(self.timed)
         hooks.listen(self.recorded)
 

@@ -15,8 +15,8 @@ from a heartbeat thread (:class:`~django_dbqueue.worker.liveness.HeartbeatThread
 
 from __future__ import annotations
 
-import logging
 import contextlib
+import logging
 import os
 import signal
 import threading

@@ -36,7 +36,7 @@ def contended_pause(in_a_row: int) -> float:
     """Seconds to wait after the ``in_a_row``-th contended claim in a row: jittered, so
     claimers that collided do not collide again, and growing while they keep colliding."""
     ceiling = min(CONTENDED_PAUSE_MAX, CONTENDED_PAUSE * 2 ** max(0, in_a_row - 1))
-    return random.uniform(ceiling / 2, ceiling)  # noqa: S311 (jitter, not a secret)
+    return random.uniform(ceiling / 2, ceiling)
 
 
 class ClaimTurns:

@@ -37,7 +37,13 @@ def test_a_host_with_many_children_claims_one_batch_at_a_time(
     # CLAIM_AHEAD = 0: every claim asks for a whole batch (100), whatever the jobs took.
     env = worker_env(CLAIM_AHEAD=0)
     proc = processes.python(
-        "-m", "tests.support.counted_claims", log, "--burst", "--concurrency", str(children), env=env
+        "-m",
+        "tests.support.counted_claims",
+        log,
+        "--burst",
+        "--concurrency",
+        str(children),
+        env=env,
     )
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out
@@ -50,10 +56,9 @@ def test_a_host_with_many_children_claims_one_batch_at_a_time(
     assert len(taking) == total // 100, Counter(claim[1] for claim in taking)
     # Not one claim transaction that locked nothing.
     assert sum(claim[3] for claim in claims) == 0
-    statements = [claim[0] for claim in taking]
+    # Taking jobs or finding none (on SQLite an empty claim is a transaction too).
+    statements = [claim[0] for claim in claims]
     assert max(statements) <= STATEMENTS_PER_CLAIM, statements
-    # A child whose queue is empty reads the candidates (and now and then the clock).
-    assert all(claim[0] <= 3 for claim in claims if not claim[1]), claims
 
 
 def test_a_child_killed_while_holding_jobs_has_only_its_own_jobs_settled(
@@ -127,9 +132,7 @@ def test_three_supervisors_each_drain_at_least_a_fifth(
     )
     assert len(set(host_of.values())) == 3
     enqueue_many({"task": jobs.noop} for _ in range(total))
-    wait_until(
-        lambda: Job.objects.filter(status=Job.Status.DONE).count() == total, timeout=600
-    )
+    wait_until(lambda: Job.objects.filter(status=Job.Status.DONE).count() == total, timeout=600)
     for proc in supervisors:
         proc.send_signal(signal.SIGTERM)
     for proc in supervisors:
