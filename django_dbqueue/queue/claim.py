@@ -82,6 +82,16 @@ def claim(
     return jobs
 
 
+def claims_collide(using: str, queues: list[str]) -> bool:
+    """Whether claims of ``queues`` made at once read the same candidates and lock
+    nothing but one of them: every claim but PostgreSQL's of one queue, whose locking
+    read walks the claim index past what others hold (:func:`_claim_along_index`), so
+    claimers at once each take their own rows and need no turns (measured: a 4-worker
+    drain at half the rate with turns)."""
+    speaks = dialect(connections[using])
+    return not (speaks.locking_reads and len(queues) == 1 and speaks.locks_along_claim_index)
+
+
 def _claim(
     model: type[Job], using: str, owner: str, batch_size: int, queue_list: list[str], locking: bool
 ) -> Claimed:

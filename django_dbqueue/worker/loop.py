@@ -269,7 +269,8 @@ class Worker:
         queues = self._pauses.active(self.listening.switched())
         if limit <= 0 or not queues:
             return Claimed()
-        with self._turns.turn() if self._turns else contextlib.nullcontext():
+        turns = self._turns if self._turns and Job.objects.claims_collide(queues) else None
+        with turns.turn() if turns else contextlib.nullcontext():
             if self.stopping.is_set():
                 return Claimed()  # stopped while another child of the host claimed
             jobs = Job.objects.claim(self.name, limit, queues)
