@@ -29,7 +29,7 @@ from collections.abc import Iterator
 # After a contended claim: a pause drawn from [half, all] of BASE * 2 ** (n - 1), at
 # most MAX, for the n-th contended claim in a row.
 CONTENDED_PAUSE = 0.005
-CONTENDED_PAUSE_MAX = 0.2
+CONTENDED_PAUSE_MAX = 0.05
 
 
 def contended_pause(in_a_row: int) -> float:

