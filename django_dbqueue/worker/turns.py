@@ -22,6 +22,7 @@ import contextlib
 import fcntl
 import os
 import random
+import secrets
 import tempfile
 from collections.abc import Iterator
 
@@ -43,24 +44,12 @@ class ClaimTurns:
     forks, taken by a child around each claim (:meth:`turn`)."""
 
     def __init__(self) -> None:
+        # Made by the first child to claim (none: no file), removed by the supervisor.
+        name = f"dbqueue-claim-turn-{os.getpid()}-{secrets.token_hex(8)}"
+        self.path = os.path.join(tempfile.gettempdir(), name)
         self._owner = os.getpid()
         self._fd: int | None = None
         self._fd_pid = 0
-        self._anchor: int | None = None
-        fd, path = tempfile.mkstemp(prefix="dbqueue-claim-turn-")
-        proc = f"/proc/{self._owner}/fd/{fd}"
-        if os.path.exists(proc):
-            # Linux: the file has no name, so nothing is left behind however the
-            # supervisor ends (SIGKILL, OOM); children open it through /proc, each
-            # getting an open file of its own.
-            os.unlink(path)
-            self._anchor, self.path, self._flags = fd, proc, os.O_RDWR
-        else:
-            # Elsewhere by its name, removed when the supervisor stops. A file deleted
-            # meanwhile (a /tmp cleaner) is made again: that costs order, not a crash.
-            # Never through a symbolic link someone else put there.
-            os.close(fd)
-            self.path, self._flags = path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW
 
     @contextlib.contextmanager
     def turn(self) -> Iterator[None]:
@@ -74,18 +63,16 @@ class ClaimTurns:
 
     def _open(self) -> int:
         # A lock belongs to an open file, which a fork shares: each process opens its own.
+        # A file deleted meanwhile (a /tmp cleaner) is made again: that costs order, not
+        # a crash. Never through a symbolic link someone else put there.
         if self._fd is None or self._fd_pid != os.getpid():
-            self._fd = os.open(self.path, self._flags | os.O_CLOEXEC, 0o600)
+            flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+            self._fd = os.open(self.path, flags, 0o600)
             self._fd_pid = os.getpid()
         return self._fd
 
     def remove(self) -> None:
-        """Let go of the file (the supervisor, once its children are gone)."""
-        if os.getpid() != self._owner:
-            return
-        if self._anchor is not None:
-            os.close(self._anchor)
-            self._anchor = None
-        else:
+        """Delete the file (the supervisor, once its children are gone)."""
+        if os.getpid() == self._owner:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)

@@ -6,11 +6,8 @@ supervisors sharing a queue each drain their share."""
 
 from __future__ import annotations
 
-import fcntl
-import multiprocessing
 import os
 import signal
-import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +16,7 @@ import pytest
 
 from django_dbqueue import enqueue_many
 from django_dbqueue.models import Job, WorkerProcess
-from django_dbqueue.worker.turns import CONTENDED_PAUSE_MAX, ClaimTurns, contended_pause
+from django_dbqueue.worker.turns import CONTENDED_PAUSE_MAX, contended_pause
 from testproject.models import Execution
 from tests.support import Processes, counted_claims, jobs, wait_until
 
@@ -159,34 +156,3 @@ def test_a_contended_claim_waits_a_jittered_growing_pause() -> None:
     assert all(0 < pause <= 2 * min(firsts) for pause in firsts)
     assert min(contended_pause(4) for _ in range(50)) > max(firsts)  # grows
     assert max(contended_pause(50) for _ in range(50)) <= CONTENDED_PAUSE_MAX  # bounded
-
-
-def test_a_turn_is_held_by_one_child_at_a_time_and_freed_when_its_holder_is_killed() -> None:
-    turns = ClaimTurns()
-    ctx = multiprocessing.get_context("fork")
-    held, release = ctx.Event(), ctx.Event()
-
-    def hold() -> None:
-        with turns.turn():
-            held.set()
-            release.wait(60)
-
-    holder = ctx.Process(target=hold)
-    holder.start()
-    try:
-        assert held.wait(60)
-        other = os.open(turns.path, os.O_RDWR)
-        with pytest.raises(BlockingIOError):
-            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the holder has it
-        os.kill(holder.pid or 0, signal.SIGKILL)
-        holder.join(60)
-        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # the kernel let it go
-        os.close(other)
-    finally:
-        release.set()
-        holder.join(60)
-        turns.remove()
-    if sys.platform.startswith("linux"):
-        # The file has no name in the temporary directory: nothing is left behind,
-        # however the supervisor ends.
-        assert turns.path.startswith(f"/proc/{os.getpid()}/fd/")
