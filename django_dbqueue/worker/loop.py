@@ -15,6 +15,7 @@ from a heartbeat thread (:class:`~django_dbqueue.worker.liveness.HeartbeatThread
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -41,6 +42,7 @@ from django_dbqueue.worker.listening import Listening
 from django_dbqueue.worker.liveness import HeartbeatThread, recover
 from django_dbqueue.worker.recording import Recorder, Stats, log_fields
 from django_dbqueue.worker.slots import Slot, SlotTable
+from django_dbqueue.worker.turns import ClaimTurns, contended_pause
 
 logger = logging.getLogger("django_dbqueue.worker")
 
@@ -68,6 +70,7 @@ class Worker:
         slot: Slot | None = None,
         threads: int = 1,
         async_concurrency: int = 0,
+        claim_turns: ClaimTurns | None = None,
     ) -> None:
         self.queues = list(queues or settings.QUEUES)
         self.batch_size = int(batch_size or settings.BATCH_SIZE)
@@ -99,6 +102,8 @@ class Worker:
             f"Worker {self.name} claiming", logger, self.name, where="claim"
         )
         self._heartbeat: HeartbeatThread | None = None
+        # The host's claim turn (worker/turns.py), shared with the supervisor's other children.
+        self._turns = claim_turns
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -169,7 +174,7 @@ class Worker:
     # -- the loop ----------------------------------------------------------------------
 
     def _loop(self) -> None:
-        idle_sleep, failures = float(settings.MIN_POLL_INTERVAL), 0
+        idle_sleep, failures, contended = float(settings.MIN_POLL_INTERVAL), 0, 0
         while not self.stopping.is_set():
             if (
                 self.max_jobs is not None
@@ -187,8 +192,13 @@ class Worker:
                 self._wait(0.1)  # claim when a lane takes one or frees up
                 continue
             jobs, failures = self._claim_or_back_off(failures, ready)
-            if jobs is None or (not jobs and jobs.contended):
-                continue  # an error waited out, or others took what we saw: ask again
+            if jobs is None:
+                continue  # an error waited out: ask again
+            contended = contended + 1 if jobs.contended else 0
+            if contended:
+                # Others took what we saw: ask again after a jittered pause, not at once.
+                self.stopping.wait(contended_pause(contended))
+                continue
             if jobs:
                 idle_sleep = float(settings.MIN_POLL_INTERVAL)
                 self.executor.submit(jobs)
@@ -259,7 +269,11 @@ class Worker:
         queues = self._pauses.active(self.listening.switched())
         if limit <= 0 or not queues:
             return Claimed()
-        jobs = Job.objects.claim(self.name, limit, queues)
+        turns = self._turns if self._turns and Job.objects.claims_collide(queues) else None
+        with turns.turn() if turns else contextlib.nullcontext():
+            if self.stopping.is_set():
+                return Claimed()  # stopped while another child of the host claimed
+            jobs = Job.objects.claim(self.name, limit, queues)
         self.recorder.hold(jobs)
         self._claimed += len(jobs)
         return jobs

@@ -45,8 +45,8 @@ def locked_by_another_claimer(ids: list[int]) -> Iterator[None]:
 
 @locking
 def test_a_claim_whose_every_candidate_is_taken_three_times_reports_contention() -> None:
-    # Each read takes twice the batch as candidates (the batch and a spare): 3 x 10.
-    ids = [job.pk for job in enqueue_many({"task": jobs.noop} for _ in range(30))]
+    # Each read takes SPREAD (4) batches as candidates: 3 x 4 x 5.
+    ids = [job.pk for job in enqueue_many({"task": jobs.noop} for _ in range(60))]
     with locked_by_another_claimer(ids):
         claimed = Job.objects.claim("late", batch_size=5)
         assert claimed == []
@@ -115,11 +115,11 @@ def test_on_postgresql_a_claim_of_one_queue_takes_the_best_jobs_nobody_holds() -
 
 @locking
 def test_a_claim_of_one_queue_whose_jobs_are_all_held() -> None:
-    ids = [job.pk for job in enqueue_many({"task": jobs.noop} for _ in range(30))]
+    ids = [job.pk for job in enqueue_many({"task": jobs.noop} for _ in range(60))]
     with locked_by_another_claimer(ids):
         claimed = Job.objects.claim("late", batch_size=5, queues=["default"])
     assert claimed == []
     # The walk along the index saw every runnable job held: nothing is left for this
-    # claimer. Candidates read ten at a time (the batch and a spare) cannot tell: busy,
-    # ask again.
+    # claimer. Candidates read twenty at a time (SPREAD batches) cannot tell: busy, ask
+    # again.
     assert claimed.contended == (connection.vendor == "mysql")

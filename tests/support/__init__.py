@@ -30,8 +30,12 @@ class Processes:
         self.started: list[subprocess.Popen[str]] = []
 
     def start(self, *args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+        return self.python("manage.py", *args, env=env)
+
+    def python(self, *args: str, env: dict[str, str]) -> subprocess.Popen[str]:
+        """``python *args`` (a script, or ``-m`` and a module) in the project's root."""
         proc = subprocess.Popen(
-            [sys.executable, "manage.py", *args],
+            [sys.executable, *args],
             cwd=ROOT,
             env=env,
             text=True,

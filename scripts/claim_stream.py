@@ -1,0 +1,133 @@
+"""Statements per 100 no-op jobs for H hosts x C children, from the server's own counters.
+
+    DBQUEUE_DB=mysql DBQUEUE_DB_NAME=claimer_m MYSQL_USER=claimer_m \
+        python scripts/claim_stream.py --hosts 3 --children 16 --jobs 30000
+
+Each "host" is one ``run_jobs --burst --concurrency C`` process with its own name. The
+figures come from the server: MariaDB's ``information_schema.USER_STATISTICS`` for the
+user the workers connect as (so run them as a user of their own: other clients of the
+server do not count), PostgreSQL's ``pg_stat_database`` (``xact_commit``: one per
+statement outside a transaction, one per transaction, so fewer than the statements: the
+claims' own statements are counted on the client, ``claim_statements``) for the
+database of their own.
+Claims, their statements and the claim transactions that locked nothing are counted on
+the client: the hosts run ``tests/support/counted_claims.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+
+
+def counters() -> dict[str, int]:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute(
+                "SELECT SELECT_COMMANDS, UPDATE_COMMANDS, OTHER_COMMANDS, COMMIT_TRANSACTIONS,"
+                " ROLLBACK_TRANSACTIONS FROM information_schema.USER_STATISTICS WHERE USER = %s",
+                [connection.settings_dict["USER"]],
+            )
+            row = cursor.fetchone() or (0, 0, 0, 0, 0)
+            keys = ("select", "update", "other", "commit", "rollback")
+            return dict(zip(keys, map(int, row), strict=True))
+        cursor.execute(
+            "SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = %s",
+            [connection.settings_dict["NAME"]],
+        )
+        commit, rollback = cursor.fetchone()
+        return {"commit": int(commit), "rollback": int(rollback)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--hosts", type=int, default=3)
+    parser.add_argument("--children", type=int, default=16)
+    parser.add_argument("--jobs", type=int, default=30000)
+    args = parser.parse_args()
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection
+
+    from django_dbqueue import enqueue_many
+    from django_dbqueue.models import Job, WorkerProcess
+    from tests.support import counted_claims, jobs
+
+    call_command("migrate", verbosity=0)
+    Job.objects.all().delete()
+    WorkerProcess.objects.all().delete()
+    for start in range(0, args.jobs, 5000):
+        enqueue_many({"task": jobs.noop} for _ in range(min(5000, args.jobs - start)))
+    connection.close()
+    if connection.vendor == "postgresql":
+        time.sleep(1)  # pg_stat_database is updated at most every 0.5 s
+    log = Path(f"/tmp/claim_stream_{os.getpid()}.log")
+    log.unlink(missing_ok=True)
+    before = counters()
+    connection.close()
+    began = time.monotonic()
+    host = [sys.executable, "-m", "tests.support.counted_claims", str(log), "--burst"]
+    hosts = [
+        subprocess.Popen(
+            [*host, "--concurrency", str(args.children)],
+            stdout=subprocess.DEVNULL,
+            cwd=ROOT,
+        )
+        for _ in range(args.hosts)
+    ]
+    for proc in hosts:
+        proc.wait()
+    seconds = time.monotonic() - began
+    if connection.vendor == "postgresql":
+        time.sleep(1)
+    after = counters()
+    done = Job.objects.filter(status=Job.Status.DONE).count()
+    claims = counted_claims.read(str(log))
+    transactions = sum(claim[2] for claim in claims)
+    empty = sum(claim[3] for claim in claims)
+    delta = {key: after[key] - before[key] for key in after}
+    statements = sum(v for k, v in delta.items() if k in ("select", "update", "other"))
+    if connection.vendor == "postgresql":
+        statements = delta["commit"] + delta["rollback"]
+    print(
+        json.dumps(
+            {
+                "vendor": connection.vendor,
+                "hosts": args.hosts,
+                "children": args.children,
+                "jobs": args.jobs,
+                "done": done,
+                "seconds": round(seconds, 2),
+                "counters": delta,
+                "statements_per_100_jobs": round(100 * statements / max(done, 1), 1),
+                "claims": len(claims),
+                "claims_with_jobs": sum(1 for claim in claims if claim[1]),
+                "claim_statements": sum(claim[0] for claim in claims),
+                "claim_transactions": transactions,
+                "empty_claim_transactions": empty,
+                "empty_share": round(empty / max(transactions, 1), 3),
+                # Where they were: in claims that then took jobs, or in claims that found
+                # nothing (the end of the drain, other hosts holding the last jobs).
+                "empty_in_claims_with_jobs": sum(claim[3] for claim in claims if claim[1]),
+                "load": Path("/proc/loadavg").read_text().split()[:3],
+            }
+        )
+    )
+    log.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    main()

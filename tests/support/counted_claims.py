@@ -1,0 +1,62 @@
+"""``run_jobs`` with every claim counted, for the claim-stream tests and measurements.
+
+Run as ``python -m tests.support.counted_claims LOG [run_jobs arguments ...]``. Every
+claim a child makes appends one line to LOG: ``<statements> <jobs> <transactions>
+<empty>``: the statements the claim sent (from Django's query log of the connection),
+the jobs it took, its claim transactions and how many of those locked nothing. Children
+are forked from this process, so they inherit the wrapping.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
+django.setup()
+
+from django.core.management import call_command  # noqa: E402
+from django.db import connections  # noqa: E402
+from django.test.utils import CaptureQueriesContext  # noqa: E402
+
+from django_dbqueue.queue import claim  # noqa: E402
+
+
+def count_claims(log: str) -> None:
+    """Wrap the claim so that each one writes its line to ``log``."""
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    take, claim_jobs = claim._take, claim.claim
+    takes: list[int] = []
+
+    def counted_take(*args: Any, **kwargs: Any) -> tuple[int, list[Any]]:
+        locked, jobs = take(*args, **kwargs)
+        takes.append(locked)
+        return locked, jobs
+
+    def counted_claim(model: Any, using: str, *args: Any) -> claim.Claimed:
+        takes.clear()
+        with CaptureQueriesContext(connections[using]) as queries:
+            jobs = claim_jobs(model, using, *args)
+        empty = sum(1 for locked in takes if not locked)
+        line = f"{len(queries)} {len(jobs)} {len(takes)} {empty}\n"
+        os.write(fd, line.encode())
+        return jobs
+
+    claim._take = counted_take  # type: ignore[assignment]
+    claim.claim = counted_claim  # type: ignore[assignment]
+
+
+def read(log: str) -> list[tuple[int, int, int, int]]:
+    """The lines of ``log``: (statements, jobs, transactions, empty transactions) per claim."""
+    if not os.path.exists(log):
+        return []
+    with open(log) as lines:
+        return [tuple(int(n) for n in line.split()) for line in lines]  # type: ignore[misc]
+
+
+if __name__ == "__main__":
+    count_claims(sys.argv[1])
+    call_command("run_jobs", *sys.argv[2:])
