@@ -43,7 +43,7 @@ from django_dbqueue.worker.loop import STOP_SIGNALS
 from django_dbqueue.worker.progress import Progress, stop_line
 from django_dbqueue.worker.recording import Stats
 from django_dbqueue.worker.slots import RUNNING, Running, SlotTable
-from django_dbqueue.worker.turns import ClaimTurns
+from django_dbqueue.worker.turns import TURNS_FROM, ClaimTurns
 
 logger = logging.getLogger("django_dbqueue.supervisor")
 
@@ -59,8 +59,8 @@ class Supervisor:
         stopped_early: Callable[[], int] | None = None,
     ) -> None:
         self.concurrency = concurrency
-        # The children claim in turn, one claim in flight per host (worker/turns.py).
-        self.turns = ClaimTurns()
+        # From TURNS_FROM children on, they claim in turn (worker/turns.py).
+        self.turns = ClaimTurns() if concurrency >= TURNS_FROM else None
         self.options = {**worker_options, "claim_turns": self.turns}
         self.progress = progress
         # Stop signals that came before run() had its handlers (run_jobs counts them).
@@ -340,7 +340,8 @@ class Supervisor:
             except TRANSIENT_ERRORS:
                 pass  # the row expires; nothing depends on a supervisor's row
             connections.close_all()
-            self.turns.remove()
+            if self.turns is not None:
+                self.turns.remove()
         return self.totals()
 
     def _start(self) -> None:

@@ -16,7 +16,8 @@ import pytest
 
 from django_dbqueue import enqueue_many
 from django_dbqueue.models import Job, WorkerProcess
-from django_dbqueue.worker.turns import CONTENDED_PAUSE_MAX, contended_pause
+from django_dbqueue.worker.supervisor import Supervisor
+from django_dbqueue.worker.turns import CONTENDED_PAUSE_MAX, TURNS_FROM, contended_pause
 from testproject.models import Execution
 from tests.support import Processes, counted_claims, jobs, wait_until
 
@@ -156,3 +157,10 @@ def test_a_contended_claim_waits_a_jittered_growing_pause() -> None:
     assert all(0 < pause <= 2 * min(firsts) for pause in firsts)
     assert min(contended_pause(4) for _ in range(50)) > max(firsts)  # grows
     assert max(contended_pause(50) for _ in range(50)) <= CONTENDED_PAUSE_MAX  # bounded
+
+
+def test_supervisors_of_few_children_give_them_no_turn() -> None:
+    """Two children collide too seldom to pay for waiting on each other (TURNS_FROM)."""
+    assert Supervisor(TURNS_FROM - 1, {}).options["claim_turns"] is None
+    many = Supervisor(TURNS_FROM, {})
+    assert many.options["claim_turns"] is many.turns is not None
