@@ -151,7 +151,7 @@ OPTIONS: tuple[Option, ...] = (
         "Jobs (or ids) that must end DONE before this one runs; it waits as WAITING.",
         bounds.check_depends_on,
         "job",
-        many=False,  # enqueue_many(): docs/workflows.md, "Chains and groups"
+        many=False,  # no multi-row INSERT: enqueue_many() hands it to workflows/graph.py
         column=False,  # the dbqueue_dependency rows
     ),
     Option(
