@@ -75,11 +75,13 @@ def async_connections() -> Iterator[None]:
     ``asyncio.run`` sends its blocking work (``sync_to_async``, thread-sensitive): they
     would outlive the test and keep its database from being dropped."""
     yield
+    close_async_thread_connections()
 
-    async def close() -> None:
-        await sync_to_async(connections.close_all, thread_sensitive=True)()
 
-    asyncio.run(close())
+def close_async_thread_connections() -> None:
+    """Close the connections of the thread where ``sync_to_async`` (thread-sensitive)
+    sends blocking work from code run under ``asyncio.run``."""
+    asyncio.run(sync_to_async(connections.close_all, thread_sensitive=True)())
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -90,7 +92,7 @@ def no_connection_outlives_the_run(django_db_setup: None, django_db_blocker: Any
     database, which would make its DROP DATABASE fail ("being accessed by other users")
     and fail the last test of the run after it passed."""
     yield
-    asyncio.run(sync_to_async(connections.close_all, thread_sensitive=True)())
+    close_async_thread_connections()
     with django_db_blocker.unblock():
         for alias in connections:
             conn = connections[alias]
