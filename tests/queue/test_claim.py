@@ -122,6 +122,7 @@ def test_finishing_a_batch_writes_each_jobs_own_start_and_result() -> None:
     Job.objects.filter(pk=taken).update(owner="w2")
     for offset, job in enumerate(claimed[pk] for pk in (first, later, shown, taken)):
         job.note_attempt(base + timedelta(seconds=offset))
+        job.finished_at = base + timedelta(seconds=offset, microseconds=offset + 1)
         job.result = {"n": offset}
 
     assert Job.objects.finish_done("w1", list(claimed.values())) == {first, later, shown}
@@ -132,6 +133,9 @@ def test_finishing_a_batch_writes_each_jobs_own_start_and_result() -> None:
     assert stored[later].started_at == earlier
     assert stored[later].last_attempted_at == base + timedelta(seconds=1)
     assert stored[shown].started_at == earlier
+    # Each job's own end, to the microsecond (MariaDB: sent as microseconds since the epoch).
+    ends = [base + timedelta(seconds=n, microseconds=n + 1) for n in range(3)]
+    assert [stored[pk].finished_at for pk in (first, later, shown)] == ends
     assert [stored[pk].result for pk in (first, later, shown)] == [{"n": 0}, {"n": 1}, {"n": 2}]
     assert all(stored[pk].status == Job.Status.DONE for pk in (first, later, shown))
     assert (stored[taken].status, stored[taken].started_at, stored[taken].result) == (

@@ -159,3 +159,26 @@ def test_finished_with_reads_the_finished_jobs_of_that_status_only() -> None:
 def test_the_row_estimate_is_a_count_or_nothing() -> None:
     estimate = estimated_rows(connection.alias, "dbqueue_job")
     assert estimate is None or estimate >= 0
+
+
+@pytest.mark.only_vendor("mysql")
+@pytest.mark.parametrize(
+    ("use_tz", "zone", "as_micros"),
+    [(True, None, True), (True, "UTC", True), (True, "Europe/Paris", False), (False, None, False)],
+)
+def test_the_finish_sends_times_as_microseconds_only_where_the_connection_stores_utc(
+    settings: Any, use_tz: bool, zone: str | None, as_micros: bool
+) -> None:
+    """Microseconds since the epoch are UTC: another storage zone gets Django's own text."""
+    from django_dbqueue.queue.dialects.mysql import _time_codec
+
+    settings.USE_TZ = use_tz
+    conn = connection
+    saved = conn.settings_dict.get("TIME_ZONE")
+    conn.settings_dict["TIME_ZONE"] = zone
+    try:
+        _, kind, value = _time_codec(conn)
+    finally:
+        conn.settings_dict["TIME_ZONE"] = saved
+    assert (kind == "BIGINT") is as_micros
+    assert ("TIMESTAMPADD" in value("f.x")) is as_micros

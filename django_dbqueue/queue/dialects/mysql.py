@@ -5,9 +5,11 @@ locking, no ``ON CONFLICT``, and on MariaDB 10.6+ ``JSON_TABLE`` with ``RETURNIN
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
+from django.conf import settings as django_settings
 from django.db import IntegrityError, connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import CharField
@@ -113,26 +115,31 @@ class MySQL(Dialect):
         """MariaDB: the ids, start and end times as one JSON parameter whose rows are
         joined to the jobs by primary key (STRAIGHT_JOIN: in that order, so only those rows
         are read and locked). mysqlclient escapes every parameter in Python, and a CASE of
-        two parameters a job cost more than the rest of the statement."""
+        two parameters a job cost more than the rest of the statement.
+
+        Where the connection stores UTC (``USE_TZ``, the database's ``TIME_ZONE`` unset
+        or UTC) the times go as microseconds since the epoch, turned into DATETIME by
+        the server: Django's adaptation of a datetime to its text costs 4 µs, two per
+        job, a tenth of a no-op job's whole cost in the worker."""
         if not self.uses_json_table(conn):
             return super().done_rows(conn, table, ids, started, finished, now)
         qn = conn.ops.quote_name
-        adapt = conn.ops.adapt_datetimefield_value
+        stamp, kind, value = _time_codec(conn)
         rows = [
             [
                 job_id,
-                adapt(started[job_id]) if job_id in started else None,
-                adapt(finished[job_id]) if job_id in finished else None,
+                stamp(started[job_id]) if job_id in started else None,
+                stamp(finished[job_id]) if job_id in finished else None,
             ]
             for job_id in ids
         ]
         target = (
-            "JSON_TABLE(%s, '$[*]' COLUMNS (job_id BIGINT PATH '$[0]', "
-            "started DATETIME(6) PATH '$[1]', finished DATETIME(6) PATH '$[2]')) AS f "
+            f"JSON_TABLE(%s, '$[*]' COLUMNS (job_id BIGINT PATH '$[0]', "
+            f"started {kind} PATH '$[1]', finished {kind} PATH '$[2]')) AS f "
             f"STRAIGHT_JOIN {table} ON {table}.{qn('id')} = f.job_id"
         )
-        started_at = f"{qn('started_at')} = COALESCE({qn('started_at')}, f.started)"
-        finished_at = f"{qn('finished_at')} = COALESCE(f.finished, %s)"
+        started_at = f"{qn('started_at')} = COALESCE({qn('started_at')}, {value('f.started')})"
+        finished_at = f"{qn('finished_at')} = COALESCE({value('f.finished')}, %s)"
         return DoneRows(
             target,
             [json.dumps(rows)],
@@ -141,7 +148,7 @@ class MySQL(Dialect):
             started_at,
             [],
             finished_at,
-            [adapt(now)],
+            [conn.ops.adapt_datetimefield_value(now)],
         )
 
     def finished_with(self, queryset: _Q, status: str) -> _Q:
@@ -163,3 +170,25 @@ class MySQL(Dialect):
                 [table],
             )
             return estimate(cursor.fetchone())
+
+
+def _micros(value: datetime) -> int:
+    """An aware datetime as whole microseconds since the epoch (exact: a float of
+    seconds near 2026 holds a quarter of a microsecond)."""
+    return round(value.timestamp() * 1_000_000)
+
+
+def _time_codec(
+    conn: BaseDatabaseWrapper,
+) -> tuple[Callable[[datetime], Any], str, Callable[[str], str]]:
+    """How ``done_rows`` sends a time in its JSON: (Python value, JSON_TABLE column type,
+    the SQL that makes a DATETIME of the column). Microseconds since the epoch where the
+    connection stores UTC; else Django's own text of the datetime."""
+    if django_settings.USE_TZ and conn.settings_dict.get("TIME_ZONE") in (None, "UTC"):
+        return _micros, "BIGINT", _from_micros
+    return conn.ops.adapt_datetimefield_value, "DATETIME(6)", str
+
+
+def _from_micros(column: str) -> str:
+    # Deterministic (no session time zone, no clock): fine for replication and Galera.
+    return f"TIMESTAMPADD(MICROSECOND, {column}, '1970-01-01 00:00:00')"
