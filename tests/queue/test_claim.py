@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from django.db import connection, transaction
@@ -143,3 +144,29 @@ def test_finishing_a_batch_writes_each_jobs_own_start_and_result() -> None:
         None,
         None,
     )
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("use_tz", [True, False], ids=["aware", "naive"])
+def test_finishing_writes_each_jobs_own_times_to_the_microsecond(
+    settings: Any, use_tz: bool
+) -> None:
+    """The times a run noted are the times stored, aware (sent as microseconds since the
+    epoch on MariaDB and PostgreSQL) or naive (``USE_TZ = False``: as Django sends them)."""
+    settings.USE_TZ = use_tz
+    ids = [enqueue(jobs.noop).pk for _ in range(3)]
+    claimed = Job.objects.claim("w1", batch_size=3, queues=["default"])
+    start = datetime(2026, 11, 26, 23, 59, 58, 999_999)
+    if use_tz:
+        start = start.replace(tzinfo=UTC)
+    for n, job in enumerate(claimed):
+        job.note_attempt(start + timedelta(microseconds=n))
+        job.finished_at = start + timedelta(seconds=1, microseconds=n)
+    assert Job.objects.finish_done("w1", list(claimed)) == set(ids)
+    stored = sorted(Job.objects.filter(pk__in=ids), key=lambda job: job.started_at)
+    assert [job.started_at for job in stored] == [
+        start + timedelta(microseconds=n) for n in range(3)
+    ]
+    assert [job.finished_at for job in stored] == [
+        start + timedelta(seconds=1, microseconds=n) for n in range(3)
+    ]

@@ -4,8 +4,10 @@ NOTIFY in the INSERT, ``unnest`` for multi-row inserts, a planner that needs ste
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from django.conf import settings as django_settings
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import JSONField
 
@@ -127,17 +129,28 @@ class PostgreSQL(Dialect):
         now: Any,
     ) -> DoneRows:
         """Start and end times as arrays beside the ids: a statement of fixed text, whose
-        parse psycopg caches, where a CASE of 2 parameters per job is parsed anew."""
+        parse psycopg caches, where a CASE of 2 parameters per job is parsed anew.
+
+        With ``USE_TZ`` (aware times) the ids and times go as text, microseconds since
+        the epoch joined by commas: psycopg dumps a list element by element in Python,
+        and the server parses a timestamp's text, 8 µs a job for each array of times
+        (measured: 815 µs for 100 of them against 87 µs as one text of integers)."""
         qn = conn.ops.quote_name
         where, where_params = self.ids_in(conn, qn("id"), ids)
-        position = f"[array_position(%s::bigint[], {qn('id')})]"
-        assignment = (
-            f"{qn('started_at')} = COALESCE({qn('started_at')}, (%s::timestamptz[]){position})"
+        if not django_settings.USE_TZ:
+            position = f"[array_position(%s::bigint[], {qn('id')})]"
+            times, key, made = "(%s::timestamptz[])", ids, str
+            starts: Any = [started.get(job_id) for job_id in ids]
+            ends: Any = [finished.get(job_id) for job_id in ids]
+        else:
+            position = f"[array_position(string_to_array(%s, ',')::bigint[], {qn('id')})]"
+            times, key, made = "(string_to_array(%s, ',', '')::bigint[])", _joined(ids), _epoch
+            starts, ends = _micros_text(ids, started), _micros_text(ids, finished)
+        assignment = f"{qn('started_at')} = COALESCE({qn('started_at')}, {made(times + position)})"
+        ended = f"{qn('finished_at')} = COALESCE({made(times + position)}, %s)"
+        return DoneRows(
+            table, [], where, where_params, assignment, [starts, key], ended, [ends, key, now]
         )
-        params = [[started.get(job_id) for job_id in ids], ids]
-        ended = f"{qn('finished_at')} = COALESCE((%s::timestamptz[]){position}, %s)"
-        ended_params = [[finished.get(job_id) for job_id in ids], ids, now]
-        return DoneRows(table, [], where, where_params, assignment, params, ended, ended_params)
 
     def estimated_rows(self, conn: BaseDatabaseWrapper, table: str) -> int | None:
         with conn.cursor() as cursor:
@@ -191,3 +204,20 @@ def _insert_unnest(
     with psycopg.Cursor(conn.connection) as cursor:
         cursor.execute(sql, params)
         return [row[0] for row in cursor.fetchall()]
+
+
+def _joined(numbers: Iterable[int | None]) -> str:
+    """Integers as one text parameter (``string_to_array(%s, ',', '')``: '' is NULL)."""
+    return ",".join("" if n is None else str(n) for n in numbers)
+
+
+def _micros_text(ids: list[int], times: Mapping[int, datetime]) -> str:
+    """Each job's time (aware) as microseconds since the epoch, in the order of ``ids``."""
+    return _joined(
+        round(times[job_id].timestamp() * 1_000_000) if job_id in times else None for job_id in ids
+    )
+
+
+def _epoch(micros: str) -> str:
+    # An absolute instant: no session time zone takes part.
+    return f"(TIMESTAMPTZ 'epoch' + {micros} * INTERVAL '1 microsecond')"
