@@ -82,9 +82,12 @@ class Recorder:
         self.job_seconds: float | None = None
         self._pending: list[Job] = []
         self._pending_since = 0.0
-        # Set when a done job starts a batch: the executor's timer (executors/base.py)
-        # writes it once due, whatever the lanes are doing by then.
+        # Set when a done job starts a batch the executor's timer (executors/base.py)
+        # would otherwise look at too late: it writes the batch once due, whatever the
+        # lanes are doing by then. The timer notes when it wakes next anyway
+        # (time.monotonic()); a wake-up for every batch cost a thread switch each.
         self.wakeup = threading.Event()
+        self.timer_wakes_at = 0.0
         self.handed_back = 0  # claimed jobs given back unstarted (they do not count as run)
         # Job id -> its entry in the slot's held ids, until the job is recorded. Only
         # those leases are renewed: a claim whose COMMIT reply was lost leaves rows we own
@@ -165,7 +168,8 @@ class Recorder:
             self._pending.append(job)
             if len(self._pending) == 1:
                 self._pending_since = time.monotonic()
-                self.wakeup.set()  # the timer writes the batch when it is due
+                if self.timer_wakes_at > self._pending_since + self.flush_interval:
+                    self.wakeup.set()  # the timer writes the batch when it is due
             self.flush(force=now or not logged)
 
     def failed(self, job: Job, exc: BaseException) -> None:

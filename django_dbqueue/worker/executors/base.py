@@ -145,7 +145,9 @@ class Executor:
         try:
             while not self._closing:
                 due = self.recorder.due_in()
-                wakeup.wait(check if due is None else max(0.0, min(due, check)))
+                pause = check if due is None else max(0.0, min(due, check))
+                self.recorder.timer_wakes_at = time.monotonic() + pause
+                wakeup.wait(pause)
                 wakeup.clear()
                 if self._closing:
                     return
