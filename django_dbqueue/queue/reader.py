@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from django.conf import settings as django_settings
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import JSONField
 from django.db.models.base import ModelState
@@ -22,7 +24,7 @@ class RowReader(NamedTuple):
     converters: list[tuple[int, Any, list[Any]]]
 
 
-_READERS: dict[tuple[type[Any], str], RowReader] = {}
+_READERS: dict[tuple[type[Any], str, bool], RowReader] = {}
 
 # Columns a claim does not read: a claimed job's owner and lease are what the claim
 # writes, its result, end and error text what the run writes. Left out of the instance,
@@ -62,14 +64,14 @@ def row_reader(model: type[Job], conn: BaseDatabaseWrapper) -> RowReader:
     custom decoder are decoded by :func:`_json_loads`, which does what
     ``JSONField.from_db_value`` does for a whole column.
     """
-    key = (model, conn.alias)
+    key = (model, conn.alias, bool(django_settings.USE_TZ))
     if key not in _READERS:
         fields = [f for f in model._meta.concrete_fields if f.attname not in NOT_READ]
         columns = ", ".join(conn.ops.quote_name(str(f.column)) for f in fields)
         converters = []
         for index, field in enumerate(fields):
             col = field.get_col(model._meta.db_table)
-            funcs = conn.ops.get_db_converters(col)
+            funcs = _plain(conn, conn.ops.get_db_converters(col))
             if isinstance(field, JSONField) and field.decoder is None:
                 funcs = [*funcs, _json_loads]
             else:
@@ -78,6 +80,28 @@ def row_reader(model: type[Job], conn: BaseDatabaseWrapper) -> RowReader:
                 converters.append((index, col, funcs))
         _READERS[key] = RowReader(columns, [f.attname for f in fields], converters)
     return _READERS[key]
+
+
+def _plain(conn: BaseDatabaseWrapper, funcs: list[Any]) -> list[Any]:
+    """The backend's converters, with a cheaper one where it does the same for the
+    values the driver returns: MySQL's naive datetimes made aware in UTC (Django's
+    ``make_aware`` checks and looks up more, 1 µs a column a job), and its 0/1 booleans.
+    Only for a connection that stores UTC (the reader is cached per ``USE_TZ``)."""
+    if conn.vendor != "mysql":
+        return funcs
+    utc = django_settings.USE_TZ and conn.settings_dict.get("TIME_ZONE") in (None, "UTC")
+    cheaper = {conn.ops.convert_booleanfield_value.__func__: _bool}  # type: ignore[attr-defined]
+    if utc:
+        cheaper[conn.ops.convert_datetimefield_value.__func__] = _utc  # type: ignore[attr-defined]
+    return [cheaper.get(getattr(func, "__func__", None), func) for func in funcs]
+
+
+def _utc(value: datetime, expression: Any, connection: Any) -> datetime:
+    return value.replace(tzinfo=UTC)
+
+
+def _bool(value: Any, expression: Any, connection: Any) -> Any:
+    return bool(value) if value in (0, 1) else value
 
 
 def job_from_row(

@@ -170,3 +170,19 @@ def test_finishing_writes_each_jobs_own_times_to_the_microsecond(
     assert [job.finished_at for job in stored] == [
         start + timedelta(seconds=1, microseconds=n) for n in range(3)
     ]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("use_tz", [True, False], ids=["aware", "naive"])
+def test_a_claimed_job_reads_as_the_orm_reads_it(settings: Any, use_tz: bool) -> None:
+    """The claim's own row reader (queue/reader.py, with cheaper converters on MySQL)
+    gives every column it reads the value and type the ORM gives it."""
+    settings.USE_TZ = use_tz
+    job = enqueue(jobs.noop, args=[1, "two"], kwargs={"k": [3]}, priority=5)
+    [claimed] = Job.objects.claim("w1", batch_size=1, queues=["default"])
+    stored = Job.objects.get(pk=job.pk)
+    read = {name: value for name, value in claimed.__dict__.items() if not name.startswith("_")}
+    assert read  # the reader's columns
+    for name, value in read.items():
+        expected = getattr(stored, name)
+        assert (value, type(value)) == (expected, type(expected)), name

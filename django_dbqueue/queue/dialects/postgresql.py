@@ -3,7 +3,7 @@ NOTIFY in the INSERT, ``unnest`` for multi-row inserts, a planner that needs ste
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -137,6 +137,8 @@ class PostgreSQL(Dialect):
         (measured: 815 µs for 100 of them against 87 µs as one text of integers)."""
         qn = conn.ops.quote_name
         where, where_params = self.ids_in(conn, qn("id"), ids)
+        key: Any
+        made: Callable[[str], str]
         if not django_settings.USE_TZ:
             position = f"[array_position(%s::bigint[], {qn('id')})]"
             times, key, made = "(%s::timestamptz[])", ids, str
