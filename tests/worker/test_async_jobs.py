@@ -5,6 +5,7 @@ beside the sync jobs, with timeouts, cancellations, leases and crash isolation
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -69,6 +70,9 @@ def test_async_and_sync_jobs_run_side_by_side_in_one_worker(
     assert [results[job.pk] for job in batch[6:9]] == [i + 2 for i in range(3)]
     assert sorted(Execution.objects.values_list("key", flat=True)) == ["r0", "r1", "r2"]
     assert not Job.objects.exclude(status=Job.Status.DONE).exists()
+    # The worker's timer thread (its executor's, or the inner one's under a loop) ended
+    # with it: one left running held a connection past the test run.
+    assert not [t.name for t in threading.enumerate() if t.name == f"{worker.name}-timer"]
 
 
 @pytest.mark.parametrize("async_concurrency", [0, 4])

@@ -83,6 +83,10 @@ class AsyncioExecutor(Executor):
         self.inner.start()
         self._thread.start()
 
+    def stop_timer(self) -> None:
+        # The timer is the inner executor's (it started it): stopped with the worker.
+        self.inner.stop_timer()
+
     def submit(self, jobs: Sequence[Job]) -> None:
         """Async jobs to the loop, the others to the sync executor (the inline one runs
         them here and now, while the loop runs the async ones)."""
