@@ -1,8 +1,11 @@
 """What the worker tells observability beyond the signals: each job's call, wrapped in
-the tracing span and the metrics' timer, and the outcomes no signal reports.
+the tracing span and timed by the metrics' :data:`timer`, and the outcomes no signal
+reports.
 
-``worker/execution.call_job`` asks :func:`around` for each job; with neither tracing (a
-tracer provider set) nor metrics on, that is all it costs. The worker calls
+``worker/execution.call_job`` asks :func:`around` for each job and tells the
+:data:`timer` (no context manager: 1.7 µs a job was most of what metrics cost a
+no-op job); with neither tracing (a tracer provider set) nor metrics on, that is all it
+costs. The worker calls
 :func:`recorded` where it records a cancel (before the job started, while it ran, or
 by killing the process of a job that ignored it). The metrics register here
 (:mod:`.metrics`, in the supervisor before it forks, so every child inherits them).
@@ -12,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django_dbqueue.observability import tracing
 
@@ -22,8 +25,25 @@ if TYPE_CHECKING:
 Wrapper = Callable[["Job"], AbstractContextManager[Any]]
 Listener = Callable[["Job", str], None]
 
+
+class Timer(Protocol):
+    """Told of each job's call without wrapping it (a wrapper costs a context manager a
+    job): :meth:`began` before the call, :meth:`ended` after it, whatever it raised."""
+
+    def began(self, job: Job) -> float: ...
+
+    def ended(self, job: Job, began: float, deferred: bool) -> None: ...
+
+
 _wrappers: list[Wrapper] = []
 _listeners: list[Listener] = []
+# The metrics' timer (observability/metrics.py), or None: read by call_job for each job.
+timer: Timer | None = None
+
+
+def set_timer(new: Timer | None) -> None:
+    global timer
+    timer = new
 
 
 def add(wrapper: Wrapper) -> None:

@@ -70,9 +70,6 @@ class _Receivers:
     def conflict(self, sender: Any, where: str, **kwargs: Any) -> None:
         self.tally.conflict(where)
 
-    def timed(self, job: Job) -> tallies.Timed:
-        return tallies.Timed(self.tally, job)
-
     def connect(self) -> None:
         # Held strongly (weak=False): the receivers live as long as the run, and each
         # send then skips dereferencing them.
@@ -80,7 +77,7 @@ class _Receivers:
         signals.job_failed.connect(self.failed, weak=False, dispatch_uid=f"{UID}.failed")
         signals.jobs_claimed.connect(self.claimed, weak=False, dispatch_uid=f"{UID}.claimed")
         signals.conflict_retried.connect(self.conflict, weak=False, dispatch_uid=f"{UID}.conflict")
-        hooks.add(self.timed)
+        hooks.set_timer(self.tally)
         hooks.listen(self.recorded)
 
     def disconnect(self) -> None:
@@ -89,7 +86,7 @@ class _Receivers:
         signals.job_failed.disconnect(dispatch_uid=f"{UID}.failed")
         signals.jobs_claimed.disconnect(dispatch_uid=f"{UID}.claimed")
         signals.conflict_retried.disconnect(dispatch_uid=f"{UID}.conflict")
-        hooks.remove(self.timed)
+        hooks.set_timer(None)
         hooks.unlisten(self.recorded)
 
 

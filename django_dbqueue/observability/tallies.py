@@ -1,9 +1,9 @@
 """Counting in a worker process, cheaply: per-thread tallies, and the flush that adds
 them to prometheus_client's values (memory-mapped files in multiprocess mode).
 
-Each thread counts into a :class:`Counts` of its own, with no lock: a job costs a few
-list and dictionary updates (:class:`Timed`, around its call, observes its run and
-wait times once, at its end). :class:`Tally` writes what the counts gained since its
+Counting takes no lock: a job costs an append when its call starts and one when it ends
+(:meth:`Tally.began`, :meth:`Tally.ended`, told by :mod:`.hooks`); its run and wait
+times are observed by the flush. :class:`Tally` writes what the counts gained since its
 last look: once a second from a thread of a child, or at once in the supervisor.
 :mod:`.metrics` feeds it from the signals and :mod:`.hooks`.
 """
@@ -22,7 +22,6 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from django_dbqueue.exceptions import RetryJob
 from django_dbqueue.models import Job
 
 # Seconds: from a millisecond job to a long report, and waits up to an hour's backlog.
@@ -108,8 +107,8 @@ class WorkerMetrics:
 class Tally:
     """What this process counted since its last flush, as events in deques: appending
     to a deque is atomic, so the threads of a child count with no lock, and a job costs
-    two appends (:class:`Timed`). The sums, buckets and labelled values are worked out
-    by :meth:`flush`: from a thread of the child once every :data:`FLUSH_INTERVAL`, and
+    two appends (:meth:`began`, :meth:`ended`). The sums, buckets and labelled values are
+    worked out by :meth:`flush`: from a thread of the child once every :data:`FLUSH_INTERVAL`, and
     when the child exits normally; the supervisor (which counts only deaths and kills)
     flushes at once."""
 
@@ -126,12 +125,23 @@ class Tally:
         # Each job ended: (queue, task, run_after, monotonic start and end, deferred by
         # RetryJob). Not the Job: kept alive until the flush, jobs would outlive the
         # garbage collector's young generations and make its full collections slower.
-        self.ended: deque[tuple[str, str, datetime, float, float, bool]] = deque()
+        self.calls: deque[tuple[str, str, datetime, float, float, bool]] = deque()
         self.outcomes: deque[tuple[str, str, str]] = deque()  # (queue, task, outcome)
         self.claims: deque[bool] = deque()  # whether each claim took a job
         self.conflicts: deque[str] = deque()  # where each retried conflict happened
         self.running: dict[str, int] = {}  # queue -> jobs running, as of the last flush
         self.children: dict[tuple[Any, tuple[str, ...]], Any] = {}  # labelled metrics
+
+    def began(self, job: Job) -> float:
+        """A job's call starts (the hooks' timer, :mod:`.hooks`): one append."""
+        self.begun.append(job.queue)
+        return monotonic()
+
+    def ended(self, job: Job, began: float, deferred: bool) -> None:
+        """Its call ended (``deferred``: by RetryJob): one append; the flush does the rest."""
+        self.calls.append((job.queue, job.task, job.run_after, began, monotonic(), deferred))
+        if self.write_through:
+            self.flush()
 
     def outcome(self, queue: str, task: str, outcome: str) -> None:
         self.outcomes.append((queue, task, outcome))
@@ -157,7 +167,7 @@ class Tally:
                 finished[key] = finished.get(key, 0) + 1
             # The ends counted before the starts: every job among them has its start
             # (appended first, by the same thread) among the starts read after.
-            ends = len(self.ended)
+            ends = len(self.calls)
             for _ in range(len(self.begun)):
                 queue = self.begun.popleft()
                 running[queue] = running.get(queue, 0) + 1
@@ -175,27 +185,33 @@ class Tally:
                 self._child(metrics.conflicts, (self.conflicts.popleft(),)).inc()
 
     def _observe(self, ends: int, finished: dict[tuple[str, str, str], int]) -> None:
-        """The first ``ends`` ended jobs: their run and wait times, added per bucket."""
-        runs: dict[tuple[str, str], list[float]] = {}  # [sum, count per bucket...]
-        waits: dict[tuple[str, str], list[float]] = {}
+        """The first ``ends`` ended jobs: their run and wait times, added per bucket
+        (for each (queue, task): the run's sum and bucket counts, then the wait's)."""
+        sums: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
+        run_bounds, wait_bounds, running = self.run_bounds, self.wait_bounds, self.running
+        pop = self.calls.popleft
         # Wall-clock time of a monotonic instant (a second's clock change is noise here).
         to_wall = time.time() - time.monotonic()
         for _ in range(ends):
-            queue, task, run_after, began, ended, deferred = self.ended.popleft()
+            queue, task, run_after, began, ended, deferred = pop()
             key = (queue, task)
+            both = sums.get(key)
+            if both is None:
+                both = sums[key] = ([0.0] * (len(run_bounds) + 1), [0.0] * (len(wait_bounds) + 1))
+            runs, waits = both
+            ran = ended - began
             waited = max(0.0, began + to_wall - run_after.timestamp())
-            _bucket(runs, key, self.run_bounds, ended - began)
-            _bucket(waits, key, self.wait_bounds, waited)
-            self.running[queue] -= 1
+            runs[0] += ran
+            runs[1 + bisect_left(run_bounds, ran)] += 1  # the first bucket with le >= it
+            waits[0] += waited
+            waits[1 + bisect_left(wait_bounds, waited)] += 1
+            running[queue] -= 1
             if deferred:  # a RetryJob deferral, which no signal reports
                 outcome = (queue, task, "retried")
                 finished[outcome] = finished.get(outcome, 0) + 1
-        for histogram, tallied in (
-            (self.metrics.run_seconds, runs),
-            (self.metrics.wait_seconds, waits),
-        ):
-            for key, sums in tallied.items():
-                self._add(self._child(histogram, key), sums)
+        for key, (runs, waits) in sums.items():
+            self._add(self._child(self.metrics.run_seconds, key), runs)
+            self._add(self._child(self.metrics.wait_seconds, key), waits)
 
     @staticmethod
     def _add(child: Any, sums: list[float]) -> None:
@@ -226,38 +242,3 @@ class Tally:
         while True:
             time.sleep(FLUSH_INTERVAL)
             self.flush()
-
-
-def _bucket(
-    into: dict[tuple[str, str], list[float]],
-    key: tuple[str, str],
-    bounds: tuple[float, ...],
-    amount: float,
-) -> None:
-    sums = into.get(key)
-    if sums is None:
-        sums = into[key] = [0.0] * (len(bounds) + 1)
-    sums[0] += amount
-    sums[1 + bisect_left(bounds, amount)] += 1  # the first bucket with le >= amount
-
-
-class Timed:
-    """The metrics' wrapper around one job's call (:mod:`.hooks`): an append at its
-    start and one at its end; the flush does the rest."""
-
-    __slots__ = ("began", "job", "tally")
-
-    def __init__(self, tally: Tally, job: Job) -> None:
-        self.tally = tally
-        self.job = job
-
-    def __enter__(self) -> None:
-        self.tally.begun.append(self.job.queue)
-        self.began = monotonic()
-
-    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
-        tally, job = self.tally, self.job
-        deferred = exc is not None and isinstance(exc, RetryJob)
-        tally.ended.append((job.queue, job.task, job.run_after, self.began, monotonic(), deferred))
-        if tally.write_through:
-            tally.flush()

@@ -18,7 +18,7 @@ from typing import Any
 
 from django_dbqueue import bounds, registry
 from django_dbqueue.conf import settings
-from django_dbqueue.exceptions import InvalidJob, JobTimeout
+from django_dbqueue.exceptions import InvalidJob, JobTimeout, RetryJob
 from django_dbqueue.models import Job
 from django_dbqueue.observability import hooks
 from django_dbqueue.workflows.results import CURRENT_JOB
@@ -52,13 +52,21 @@ def call_job(job: Job) -> Any:
     With tracing or metrics on, it runs inside their wrappers (observability/hooks.py).
     """
     wrapped = hooks.around(job)
+    timer = hooks.timer
     token = CURRENT_JOB.set(job.id)  # what dependency_results() reads (workflows/results.py)
+    began = timer.began(job) if timer is not None else 0.0
+    deferred = False
     try:
         if wrapped is None:
             return _call(job)
         with wrapped:
             return _call(job)
+    except RetryJob:
+        deferred = True
+        raise
     finally:
+        if timer is not None:
+            timer.ended(job, began, deferred)
         CURRENT_JOB.reset(token)
 
 
@@ -76,11 +84,21 @@ async def acall_job(job: Job) -> Any:
     checks."""
     entry = registry.find(job.task)
     wrapped = hooks.around(job)
-    if wrapped is None:
-        result = await entry.func(*(job.args or []), **(job.kwargs or {}))
-    else:
-        with wrapped:
+    timer = hooks.timer
+    began = timer.began(job) if timer is not None else 0.0
+    deferred = False
+    try:
+        if wrapped is None:
             result = await entry.func(*(job.args or []), **(job.kwargs or {}))
+        else:
+            with wrapped:
+                result = await entry.func(*(job.args or []), **(job.kwargs or {}))
+    except RetryJob:
+        deferred = True
+        raise
+    finally:
+        if timer is not None:
+            timer.ended(job, began, deferred)
     return _stored(job, result)
 
 
