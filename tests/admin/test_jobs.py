@@ -38,11 +38,6 @@ def login(user: User, **client_options: bool) -> Client:
 
 
 @pytest.fixture
-def operator() -> Client:
-    return login(staff("operator", "view_job", "change_job", "delete_job"))
-
-
-@pytest.fixture
 def viewer() -> Client:
     return login(staff("viewer", "view_job"))
 

@@ -24,11 +24,6 @@ S = Job.Status
 KEY = "customer:42"
 
 
-@pytest.fixture
-def operator() -> Client:
-    return login(staff("operator", "view_job", "change_job", "delete_job"))
-
-
 def keyed(limit: int = 1) -> Job:
     return enqueue(jobs.noop, concurrency_key=KEY, concurrency_limit=limit, max_attempts=5)
 

@@ -28,11 +28,6 @@ S = Job.Status
 SCHEDULES = "admin:django_dbqueue_job_schedules"
 
 
-@pytest.fixture
-def operator() -> Client:
-    return login(staff("operator", "view_job", "change_job", "delete_job"))
-
-
 def finished(
     task: str, status: str, end: datetime, run: float, wait: float, retried: bool = False
 ) -> Job:

@@ -107,11 +107,6 @@ def test_staff_who_see_payloads_may_filter_by_them(payload_job: Job) -> None:
 # -- item 5: crafted requests --------------------------------------------------------------
 
 
-@pytest.fixture
-def operator() -> Client:
-    return login(staff("operator", "view_job", "change_job", "delete_job"))
-
-
 def test_search_for_superscript_two_is_not_a_500(operator: Client) -> None:
     make(S.FAILED, last_error="ValueError: ²")
     response = operator.get(reverse(CHANGELIST), {"q": "²"})
