@@ -47,15 +47,26 @@ def contended_pause(in_a_row: int) -> float:
 
 class ClaimTurns:
     """The claim turn of one supervisor's children: made by the supervisor before it
-    forks, taken by a child around each claim (:meth:`turn`)."""
+    forks, taken by a child around each claim (:meth:`turn`).
+
+    The lock is on a file with no name where ``/proc`` shows a process's open files
+    (Linux): the supervisor makes a temporary file, keeps it open and deletes its name
+    at once, and each child opens it again through ``/proc/<supervisor>/fd/<n>``. So a
+    supervisor that is SIGKILLed leaves no file behind. Elsewhere it is a named file in
+    the temporary directory, deleted when the supervisor stops.
+    """
 
     def __init__(self) -> None:
-        # Made by the first child to claim (none: no file), removed by the supervisor.
-        name = f"dbqueue-claim-turn-{os.getpid()}-{secrets.token_hex(8)}"
-        self.path = os.path.join(tempfile.gettempdir(), name)
         self._owner = os.getpid()
         self._fd: int | None = None
         self._fd_pid = 0
+        self._anchor: int | None = None
+        name = f"dbqueue-claim-turn-{self._owner}-{secrets.token_hex(8)}"
+        self.path = os.path.join(tempfile.gettempdir(), name)
+        if os.path.isdir(f"/proc/{self._owner}/fd"):
+            self._anchor, named = tempfile.mkstemp(prefix=f"{name}-")
+            os.unlink(named)
+            self.path = f"/proc/{self._owner}/fd/{self._anchor}"
 
     @contextlib.contextmanager
     def turn(self) -> Iterator[None]:
@@ -69,16 +80,26 @@ class ClaimTurns:
 
     def _open(self) -> int:
         # A lock belongs to an open file, which a fork shares: each process opens its own.
-        # A file deleted meanwhile (a /tmp cleaner) is made again: that costs order, not
-        # a crash. Never through a symbolic link someone else put there.
         if self._fd is None or self._fd_pid != os.getpid():
-            flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-            self._fd = os.open(self.path, flags, 0o600)
+            if self._anchor is not None:
+                # The kernel's own link to the supervisor's file: a new open file of it.
+                self._fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+            else:
+                # A file deleted meanwhile (a /tmp cleaner) is made again: that costs
+                # order, not a crash. Never through a symbolic link someone else put there.
+                flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+                self._fd = os.open(self.path, flags, 0o600)
             self._fd_pid = os.getpid()
         return self._fd
 
     def remove(self) -> None:
-        """Delete the file (the supervisor, once its children are gone)."""
-        if os.getpid() == self._owner:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.path)
+        """Close or delete the file (the supervisor, once its children are gone)."""
+        if os.getpid() != self._owner:
+            return
+        if self._anchor is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._anchor)
+            self._anchor = None
+            return
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)

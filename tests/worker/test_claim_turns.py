@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -164,3 +165,25 @@ def test_supervisors_of_few_children_give_them_no_turn() -> None:
     assert Supervisor(TURNS_FROM - 1, {}).options["claim_turns"] is None
     many = Supervisor(TURNS_FROM, {})
     assert many.options["claim_turns"] is many.turns is not None
+
+
+def test_a_killed_supervisor_leaves_no_claim_turn_file(
+    processes: Processes, worker_env: Callable[..., dict[str, str]]
+) -> None:
+    """The turn is a file with no name (opened again through /proc): nothing is left in
+    the temporary directory, while the supervisor runs or after a SIGKILL."""
+    proc = processes.run_jobs("--concurrency", str(TURNS_FROM), env=worker_env())
+    job = enqueue_many([{"task": jobs.noop}])[0]
+    wait_until(lambda: Job.objects.get(pk=job.pk).status == Job.Status.DONE, timeout=120)
+
+    def left() -> list[str]:
+        return [
+            name
+            for name in os.listdir(tempfile.gettempdir())
+            if name.startswith(f"dbqueue-claim-turn-{proc.pid}-")
+        ]
+
+    assert left() == []
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert left() == []
