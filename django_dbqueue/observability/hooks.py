@@ -1,9 +1,9 @@
 """What the worker tells observability beyond the signals: each job's call, wrapped in
-the tracing span and timed by the metrics' :data:`timer`, and the outcomes no signal
+the tracing span and timed by the metrics' :data:`meter`, and the outcomes no signal
 reports.
 
 ``worker/execution.call_job`` asks :func:`around` for each job and tells the
-:data:`timer` (no context manager: 1.7 µs a job was most of what metrics cost a
+:data:`meter` (no context manager: 1.7 µs a job was most of what metrics cost a
 no-op job); with neither tracing (a tracer provider set) nor metrics on, that is all it
 costs. The worker calls
 :func:`recorded` where it records a cancel (before the job started, while it ran, or
@@ -13,7 +13,7 @@ by killing the process of a job that ignored it). The metrics register here
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -26,24 +26,34 @@ Wrapper = Callable[["Job"], AbstractContextManager[Any]]
 Listener = Callable[["Job", str], None]
 
 
-class Timer(Protocol):
-    """Told of each job's call without wrapping it (a wrapper costs a context manager a
-    job): :meth:`began` before the call, :meth:`ended` after it, whatever it raised."""
+class Meter(Protocol):
+    """The metrics' side of each job, told without wrapping its call (a wrapper costs a
+    context manager a job): :meth:`began` before the call, :meth:`ended` after it,
+    whatever it raised, and :meth:`done` for the jobs a batched write recorded DONE (one
+    call a batch, where a ``job_finished`` receiver costs a call a job)."""
 
     def began(self, job: Job) -> float: ...
 
     def ended(self, job: Job, began: float, deferred: bool) -> None: ...
 
+    def done(self, jobs: Sequence[Job]) -> None: ...
+
 
 _wrappers: list[Wrapper] = []
 _listeners: list[Listener] = []
-# The metrics' timer (observability/metrics.py), or None: read by call_job for each job.
-timer: Timer | None = None
+# The metrics' meter (observability/metrics.py), or None: read by call_job for each job.
+meter: Meter | None = None
 
 
-def set_timer(new: Timer | None) -> None:
-    global timer
-    timer = new
+def set_meter(new: Meter | None) -> None:
+    global meter
+    meter = new
+
+
+def done(jobs: Sequence[Job]) -> None:
+    """The worker (or the supervisor, for a dead child's log) recorded ``jobs`` DONE."""
+    if meter is not None and jobs:
+        meter.done(jobs)
 
 
 def add(wrapper: Wrapper) -> None:

@@ -50,9 +50,6 @@ class _Receivers:
     def _forked(self) -> None:
         self.tally.forked()
 
-    def finished(self, sender: Any, job: Job, **kwargs: Any) -> None:
-        self.tally.outcome(job.queue, job.task, "done")
-
     def failed(self, sender: Any, job: Job, will_retry: bool = False, **kwargs: Any) -> None:
         if os.getpid() == self.supervisor_pid:
             outcome = "died"
@@ -73,20 +70,18 @@ class _Receivers:
     def connect(self) -> None:
         # Held strongly (weak=False): the receivers live as long as the run, and each
         # send then skips dereferencing them.
-        signals.job_finished.connect(self.finished, weak=False, dispatch_uid=f"{UID}.finished")
         signals.job_failed.connect(self.failed, weak=False, dispatch_uid=f"{UID}.failed")
         signals.jobs_claimed.connect(self.claimed, weak=False, dispatch_uid=f"{UID}.claimed")
         signals.conflict_retried.connect(self.conflict, weak=False, dispatch_uid=f"{UID}.conflict")
-        hooks.set_timer(self.tally)
+        hooks.set_meter(self.tally)
         hooks.listen(self.recorded)
 
     def disconnect(self) -> None:
         self.tally.flush()
-        signals.job_finished.disconnect(dispatch_uid=f"{UID}.finished")
         signals.job_failed.disconnect(dispatch_uid=f"{UID}.failed")
         signals.jobs_claimed.disconnect(dispatch_uid=f"{UID}.claimed")
         signals.conflict_retried.disconnect(dispatch_uid=f"{UID}.conflict")
-        hooks.set_timer(None)
+        hooks.set_meter(None)
         hooks.unlisten(self.recorded)
 
 

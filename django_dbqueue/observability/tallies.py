@@ -14,6 +14,7 @@ import threading
 import time
 from bisect import bisect_left
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from multiprocessing import util as mp_util
@@ -127,6 +128,7 @@ class Tally:
         # garbage collector's young generations and make its full collections slower.
         self.calls: deque[tuple[str, str, datetime, float, float, bool]] = deque()
         self.outcomes: deque[tuple[str, str, str]] = deque()  # (queue, task, outcome)
+        self.batches: deque[dict[tuple[str, str, str], int]] = deque()  # done, per write
         self.claims: deque[bool] = deque()  # whether each claim took a job
         self.conflicts: deque[str] = deque()  # where each retried conflict happened
         self.running: dict[str, int] = {}  # queue -> jobs running, as of the last flush
@@ -140,6 +142,17 @@ class Tally:
     def ended(self, job: Job, began: float, deferred: bool) -> None:
         """Its call ended (``deferred``: by RetryJob): one append; the flush does the rest."""
         self.calls.append((job.queue, job.task, job.run_after, began, monotonic(), deferred))
+        if self.write_through:
+            self.flush()
+
+    def done(self, jobs: Sequence[Job]) -> None:
+        """Jobs a batched write recorded DONE (:func:`.hooks.done`): counted here, one
+        append for the batch."""
+        counts: dict[tuple[str, str, str], int] = {}
+        for job in jobs:
+            key = (job.queue, job.task, "done")
+            counts[key] = counts.get(key, 0) + 1
+        self.batches.append(counts)
         if self.write_through:
             self.flush()
 
@@ -165,6 +178,9 @@ class Tally:
             for _ in range(len(self.outcomes)):
                 key = self.outcomes.popleft()
                 finished[key] = finished.get(key, 0) + 1
+            for _ in range(len(self.batches)):
+                for key, count in self.batches.popleft().items():
+                    finished[key] = finished.get(key, 0) + count
             # The ends counted before the starts: every job among them has its start
             # (appended first, by the same thread) among the starts read after.
             ends = len(self.calls)

@@ -186,7 +186,9 @@ def _record_done(remains: Remains) -> set[int]:
     ]
     finished = Job.objects.finish_done(remains.name, jobs)
     if finished:
-        for job in Job.objects.primary().filter(pk__in=finished):
+        done = list(Job.objects.primary().filter(pk__in=finished))
+        hooks.done(done)
+        for job in done:
             signals.job_finished.send(Job, job=job, worker=remains.name, result=job.result)
     remains.outcome.done += len(finished)
     return finished

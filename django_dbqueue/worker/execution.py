@@ -52,9 +52,9 @@ def call_job(job: Job) -> Any:
     With tracing or metrics on, it runs inside their wrappers (observability/hooks.py).
     """
     wrapped = hooks.around(job)
-    timer = hooks.timer
+    meter = hooks.meter
     token = CURRENT_JOB.set(job.id)  # what dependency_results() reads (workflows/results.py)
-    began = timer.began(job) if timer is not None else 0.0
+    began = meter.began(job) if meter is not None else 0.0
     deferred = False
     try:
         if wrapped is None:
@@ -65,8 +65,8 @@ def call_job(job: Job) -> Any:
         deferred = True
         raise
     finally:
-        if timer is not None:
-            timer.ended(job, began, deferred)
+        if meter is not None:
+            meter.ended(job, began, deferred)
         CURRENT_JOB.reset(token)
 
 
@@ -84,8 +84,8 @@ async def acall_job(job: Job) -> Any:
     checks."""
     entry = registry.find(job.task)
     wrapped = hooks.around(job)
-    timer = hooks.timer
-    began = timer.began(job) if timer is not None else 0.0
+    meter = hooks.meter
+    began = meter.began(job) if meter is not None else 0.0
     deferred = False
     try:
         if wrapped is None:
@@ -97,8 +97,8 @@ async def acall_job(job: Job) -> Any:
         deferred = True
         raise
     finally:
-        if timer is not None:
-            timer.ended(job, began, deferred)
+        if meter is not None:
+            meter.ended(job, began, deferred)
     return _stored(job, result)
 
 

@@ -268,6 +268,7 @@ class Recorder:
             finished = self.retry(lambda: Job.objects.finish_done(self.name, pending))
             self.slot.clear_log()
             self._release(*(job.id for job in pending))
+            hooks.done([job for job in pending if job.id in finished])
             for job in pending:
                 if job.id in finished:
                     self.stats.done += 1
