@@ -8,11 +8,12 @@ them up at each scrape. Gauges of processes that are gone are dropped at the nex
 scrape; their counters stay, so totals never go back. The directory is removed when the
 run ends.
 
-Counted through the signals (outcomes as recorded: done, failed, retried, died), the
-claim signal, the conflicts retried (``conflict_retried``, by where: claim, record, ...),
-and :mod:`.hooks`: around each job's call (running jobs; at its end one
-observation of its run and wait times, and a ``RetryJob`` deferral), and the cancels the
-worker records (before the start, while running, or by a kill). Tallied per thread
+Counted through the signals (outcomes as recorded: failed, retried, died), the claim
+signal, the conflicts retried (``conflict_retried``, by where: claim, record, ...), and
+:mod:`.hooks`: around each job's call (running jobs; at its end one observation of its
+run and wait times, and a ``RetryJob`` deferral), the jobs each batched write recorded
+done (one call a batch), and the cancels the worker records (before the start, while
+running, or by a kill). Tallied per thread
 without a lock, and written to the process's files once a second (:mod:`.tallies`).
 """
 
