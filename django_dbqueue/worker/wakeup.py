@@ -1,5 +1,6 @@
 """The listening half of the wake-up: idle workers wait for announcements of jobs (and
-of paused or resumed queues) instead of sleeping until their next poll.
+of paused or resumed queues) instead of sleeping until their next poll. A supervisor's
+children do not listen themselves: the supervisor listens for them (worker/relay.py).
 
 PostgreSQL: ``LISTEN`` on a connection of its own. MySQL/MariaDB and SQLite: a Redis
 channel, when ``DBQUEUE['WAKEUP_REDIS_ALIAS']`` names a django-redis cache. Otherwise
@@ -35,10 +36,11 @@ logger = logging.getLogger("django_dbqueue.wakeup")
 
 
 class Listener(Protocol):
-    # time.monotonic() when this listener last heard jobs announced for its queues (at
-    # first: when its subscription was confirmed). A claim after heard_at + COALESCE
-    # sees every job whose announcement was coalesced into one heard by then.
-    heard_at: float
+    @property
+    def heard_at(self) -> float:
+        """time.monotonic() when this listener last heard jobs announced for its queues
+        (at first: when its subscription was confirmed). A claim after heard_at +
+        COALESCE sees every job whose announcement was coalesced into one heard by then."""
 
     def wait(self, timeout: float) -> bool:
         """Block up to ``timeout`` seconds; True when jobs for our queues were announced,
