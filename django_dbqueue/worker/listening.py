@@ -102,8 +102,5 @@ class Listening:
 
     def close(self) -> None:
         if self.listener is not None:
-            try:
-                self.listener.close()
-            except Exception:  # closing a broken connection may fail again; it is gone
-                logger.debug("closing the wake-up listener failed", exc_info=True)
+            wakeup.close_quietly(self.listener)
             self.listener = None

@@ -171,8 +171,5 @@ class Relay:
 
     def _close(self) -> None:
         if self._listener is not None:
-            try:
-                self._listener.close()
-            except Exception:  # closing a broken connection may fail again; it is gone
-                logger.debug("closing the wake-up listener failed", exc_info=True)
+            wakeup.close_quietly(self._listener)
             self._listener = None

@@ -31,7 +31,7 @@ from django_dbqueue.queue.announce import (
 from django_dbqueue.queue.clock import job_database
 from django_dbqueue.queue.dialects.pooler import own_connection, transaction_pooled
 
-__all__ = ["CHANNEL", "COALESCE", "SWITCHES", "Listener", "listen", "method"]
+__all__ = ["CHANNEL", "COALESCE", "SWITCHES", "Listener", "close_quietly", "listen", "method"]
 logger = logging.getLogger("django_dbqueue.wakeup")
 
 
@@ -191,6 +191,14 @@ def listen(queues: Iterable[str]) -> Listener | None:
     except Exception as exc:
         logger.warning("Wake-up via %s unavailable (%s); polling instead", how, exc)
     return None
+
+
+def close_quietly(listener: Listener) -> None:
+    """Close a listener that may be broken (closing a lost connection may fail again)."""
+    try:
+        listener.close()
+    except Exception:
+        logger.debug("closing the wake-up listener failed", exc_info=True)
 
 
 _pooled_said: set[str] = set()  # aliases whose pooler this process has warned about
