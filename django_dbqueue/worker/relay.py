@@ -124,6 +124,8 @@ class Relay:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+            if self._thread.is_alive():
+                return  # stuck connecting: its pipes' numbers must not be reused under it
         self._close()
         for read, write in self._pipes:
             os.close(read)
