@@ -10,6 +10,8 @@ server do not count), PostgreSQL's ``pg_stat_database`` (``xact_commit``: one pe
 statement outside a transaction, one per transaction, so fewer than the statements: the
 claims' own statements are counted on the client, ``claim_statements``) for the
 database of their own.
+On PostgreSQL, the most connections the database had at once during the drain
+(``pg_stat_activity``, sampled every 50 ms) is ``peak_connections``.
 Claims, their statements and the claim transactions that locked nothing are counted on
 the client: the hosts run ``tests/support/counted_claims.py``.
 """
@@ -21,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -48,6 +51,24 @@ def counters() -> dict[str, int]:
         )
         commit, rollback = cursor.fetchone()
         return {"commit": int(commit), "rollback": int(rollback)}
+
+
+def sample_connections(stop: threading.Event, peak: list[int]) -> None:
+    """The most connections the workers' database had at once (PostgreSQL: its
+    pg_stat_activity rows, this sampler's own left out), read every 50 ms."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        while not stop.wait(0.05):
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = %s AND pid <> pg_backend_pid()",
+                [connection.settings_dict["NAME"]],
+            )
+            peak[0] = max(peak[0], int(cursor.fetchone()[0]))
+    connection.close()
 
 
 def main() -> None:
@@ -78,6 +99,9 @@ def main() -> None:
     log.unlink(missing_ok=True)
     before = counters()
     connection.close()
+    peak, sampling = [0], threading.Event()
+    sampler = threading.Thread(target=sample_connections, args=(sampling, peak))
+    sampler.start()
     began = time.monotonic()
     host = [sys.executable, "-m", "tests.support.counted_claims", str(log), "--burst"]
     hosts = [
@@ -91,6 +115,8 @@ def main() -> None:
     for proc in hosts:
         proc.wait()
     seconds = time.monotonic() - began
+    sampling.set()
+    sampler.join()
     if connection.vendor == "postgresql":
         time.sleep(1)
     after = counters()
@@ -119,6 +145,7 @@ def main() -> None:
                 "claim_transactions": transactions,
                 "empty_claim_transactions": empty,
                 "empty_share": round(empty / max(transactions, 1), 3),
+                "peak_connections": peak[0] if connection.vendor == "postgresql" else None,
                 # Where they were: in claims that then took jobs, or in claims that found
                 # nothing (the end of the drain, other hosts holding the last jobs).
                 "empty_in_claims_with_jobs": sum(claim[3] for claim in claims if claim[1]),

@@ -33,6 +33,7 @@ from django_dbqueue.worker.connections import (
     child_connections,
     listens,
     server_max_connections,
+    supervisor_connections,
 )
 
 
@@ -129,12 +130,13 @@ def _connections(report: Report, using: str, now: datetime, max_age: float | Non
     if not server_max:
         return
     fresh = now - timedelta(seconds=default_heartbeat_age() if max_age is None else max_age)
-    per_child = child_connections(listens(using))
+    listening = supervisor_connections(listens(using))
     hosts: dict[str, int] = {}
     live = WorkerProcess.objects.using(using).filter(heartbeat_at__gte=fresh)
     for host, role in live.values_list("host", "role"):
-        # A supervisor holds one; a child (or an unsupervised worker) its own and its LISTEN.
-        used = 1 if role == WorkerProcess.Role.SUPERVISOR else per_child
+        # A supervisor (or an unsupervised worker) holds its own and the LISTEN one; a
+        # child its own (it hears its supervisor's LISTEN: worker/relay.py).
+        used = child_connections() if role == WorkerProcess.Role.CHILD else listening
         hosts[host] = hosts.get(host, 0) + used
     total = sum(hosts.values())
     report.facts["connections"] = {"workers": total, "hosts": hosts, "max_connections": server_max}

@@ -196,28 +196,35 @@ class Budget:
 
 
 def budget(concurrency: int, threads: int) -> Budget:
-    """The supervisor's one, and per child what :func:`child_connections` counts."""
+    """The supervisor's own and its LISTEN connection (:func:`supervisor_connections`),
+    and per child what :func:`child_connections` counts."""
     alias = router.db_for_write(Job)
     listen = listens(alias)
-    parts = (
-        ["worker"]
-        + (["LISTEN"] if listen else [])
-        + ([f"{threads} job threads"] if threads > 1 else [])
-    )
-    per_child = child_connections(listen, threads)
-    explained = f"1 supervisor + {concurrency} x {per_child}: {', '.join(parts)}"
-    return Budget(alias, 1 + concurrency * per_child, explained, server_max_connections(alias))
+    parts = ["worker"] + ([f"{threads} job threads"] if threads > 1 else [])
+    per_child = child_connections(threads)
+    relayed = " + 1 LISTEN (relayed to the children)" if listen else ""
+    explained = f"1 supervisor{relayed} + {concurrency} x {per_child}: {', '.join(parts)}"
+    total = supervisor_connections(listen) + concurrency * per_child
+    return Budget(alias, total, explained, server_max_connections(alias))
 
 
-def child_connections(listen: bool, threads: int = 1) -> int:
-    """A child's connections: its own, its LISTEN connection (``listen``: see
-    :func:`listens`), and one per job thread (job code that queries opens its thread's own)."""
-    return 1 + int(listen) + (threads if threads > 1 else 0)
+def supervisor_connections(listen: bool) -> int:
+    """A supervisor's connections (an unsupervised worker's too): its own, and the
+    host's one LISTEN connection (``listen``: see :func:`listens`), which it holds for
+    all its children (worker/relay.py)."""
+    return 1 + int(listen)
+
+
+def child_connections(threads: int = 1) -> int:
+    """A child's connections: its own, and one per job thread (job code that queries
+    opens its thread's own). It hears wake-ups from its supervisor, without a connection."""
+    return 1 + (threads if threads > 1 else 0)
 
 
 def listens(alias: str) -> bool:
-    """Do workers on job database ``alias`` hold a LISTEN connection each (the
-    PostgreSQL wake-up, unless a pooler in transaction mode makes them poll)?"""
+    """Does a supervisor (or an unsupervised worker) on job database ``alias`` hold a
+    LISTEN connection (the PostgreSQL wake-up, unless a pooler in transaction mode makes
+    the workers poll)?"""
     speaks = dialect(connections[alias])
     return bool(settings.WAKEUP) and speaks.listen_notify and not _pooled(alias)
 

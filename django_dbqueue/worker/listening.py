@@ -1,7 +1,8 @@
 """The worker's ear: waiting for a wake-up between claims, and hearing queues switched.
 
 The listener itself (LISTEN on PostgreSQL, a Redis channel elsewhere) is
-:mod:`.wakeup`'s; :class:`Listening` opens it (again, every 30 s, after it failed), waits
+:mod:`.wakeup`'s, or, in a supervisor's child, the supervisor's, relayed
+(:mod:`.relay`); :class:`Listening` opens it (again, every 30 s, after it failed), waits
 on it while the worker is idle, and reads between claims whether a queue was paused or
 resumed. Without a listener the worker polls, and pauses are read every
 ``PauseWatcher`` interval.
@@ -24,10 +25,18 @@ REOPEN_AFTER = 30.0  # seconds between attempts to open a listener that failed
 
 
 class Listening:
-    def __init__(self, name: str, queues: Sequence[str], stopping: threading.Event) -> None:
+    def __init__(
+        self,
+        name: str,
+        queues: Sequence[str],
+        stopping: threading.Event,
+        relayed: wakeup.Listener | None = None,
+    ) -> None:
         self.name = name
         self.queues = list(queues)
         self.stopping = stopping
+        # A supervisor's child hears its supervisor's listener (worker/relay.py).
+        self.relayed = relayed
         self.listener: wakeup.Listener | None = None
         self._retry_at = 0.0
         self.claim_began = 0.0  # time.monotonic() when the last claim began (see idle)
@@ -36,7 +45,7 @@ class Listening:
         """Open the wake-up listener if there is none (retried every 30 s); returns now."""
         now = time.monotonic()
         if self.listener is None and now >= self._retry_at:
-            self.listener = wakeup.listen(self.queues)
+            self.listener = self.relayed or wakeup.listen(self.queues)
             self._retry_at = now + REOPEN_AFTER
         return now
 
@@ -93,8 +102,5 @@ class Listening:
 
     def close(self) -> None:
         if self.listener is not None:
-            try:
-                self.listener.close()
-            except Exception:  # closing a broken connection may fail again; it is gone
-                logger.debug("closing the wake-up listener failed", exc_info=True)
+            wakeup.close_quietly(self.listener)
             self.listener = None

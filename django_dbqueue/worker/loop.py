@@ -43,6 +43,7 @@ from django_dbqueue.worker.liveness import HeartbeatThread, recover
 from django_dbqueue.worker.recording import Recorder, Stats, log_fields
 from django_dbqueue.worker.slots import Slot, SlotTable
 from django_dbqueue.worker.turns import ClaimTurns, contended_pause
+from django_dbqueue.worker.wakeup import Listener
 
 logger = logging.getLogger("django_dbqueue.worker")
 
@@ -71,6 +72,7 @@ class Worker:
         threads: int = 1,
         async_concurrency: int = 0,
         claim_turns: ClaimTurns | None = None,
+        wakeup: Listener | None = None,
     ) -> None:
         self.queues = list(queues or settings.QUEUES)
         self.batch_size = int(batch_size or settings.BATCH_SIZE)
@@ -94,7 +96,8 @@ class Worker:
         self.executor = make_executor(
             threads, self.recorder, self.stopping, handle_signals, async_concurrency
         )
-        self.listening = Listening(self.name, self.queues, self.stopping)
+        # A supervisor's child hears the supervisor's listener (worker/relay.py).
+        self.listening = Listening(self.name, self.queues, self.stopping, wakeup)
         self._pauses = PauseWatcher(self.queues)
         self._claim_ahead = float(settings.CLAIM_AHEAD)  # read once: consulted every claim
         self._claimed = 0  # jobs claimed in all (for max_jobs)

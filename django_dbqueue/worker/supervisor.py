@@ -42,6 +42,7 @@ from django_dbqueue.worker.liveness import Keeper, recover
 from django_dbqueue.worker.loop import STOP_SIGNALS
 from django_dbqueue.worker.progress import Progress, stop_line
 from django_dbqueue.worker.recording import Stats
+from django_dbqueue.worker.relay import Relay
 from django_dbqueue.worker.slots import RUNNING, Running, SlotTable
 from django_dbqueue.worker.turns import TURNS_FROM, ClaimTurns
 
@@ -59,22 +60,20 @@ class Supervisor:
         stopped_early: Callable[[], int] | None = None,
     ) -> None:
         self.concurrency = concurrency
-        # From TURNS_FROM children on, they claim in turn (worker/turns.py).
-        self.turns = ClaimTurns() if concurrency >= TURNS_FROM else None
+        self.turns = ClaimTurns() if concurrency >= TURNS_FROM else None  # worker/turns.py
         self.options = {**worker_options, "claim_turns": self.turns}
         self.progress = progress
-        # Stop signals that came before run() had its handlers (run_jobs counts them).
-        self.stopped_early = stopped_early
+        self.stopped_early = stopped_early  # stop signals before run() had its handlers
         self.queues = list(worker_options.get("queues") or settings.QUEUES)
         self.duties = Duties(self.queues, progress.note if progress is not None else None)
         self.burst_ticks = BurstTicks(self.duties, self.queues)
         self.name = rows.process_name()
         batch_size = int(worker_options.get("batch_size") or settings.BATCH_SIZE)
-        # A lane per thread, and one per async job at once (--async-concurrency).
-        lanes = int(worker_options.get("threads") or 1)
+        lanes = int(worker_options.get("threads") or 1)  # and one per async job at once
         lanes += int(worker_options.get("async_concurrency") or 0)
         self.table = SlotTable(concurrency, held_capacity(batch_size, lanes), lanes=lanes)
         self.keeper = Keeper()
+        self.relay = Relay(self.queues, concurrency)  # the host's wake-up listener: relay.py
         self._ctx = multiprocessing.get_context("fork")
         self._children: dict[int, Child] = {}
         self._graves: list[deaths.Remains] = []  # dead children not settled yet
@@ -94,7 +93,7 @@ class Supervisor:
     # -- children ----------------------------------------------------------------------
 
     def _options_for(self, index: int) -> dict[str, Any]:
-        options = dict(self.options)
+        options = {**self.options, "wakeup": self.relay.ear(index)}
         max_jobs = options.get("max_jobs")
         if max_jobs is not None:
             share = max_jobs // self.concurrency + (1 if index < max_jobs % self.concurrency else 0)
@@ -340,13 +339,13 @@ class Supervisor:
             except TRANSIENT_ERRORS:
                 pass  # the row expires; nothing depends on a supervisor's row
             connections.close_all()
+            self.relay.stop()
             if self.turns is not None:
                 self.turns.remove()
         return self.totals()
 
     def _start(self) -> None:
-        # Jobs of dead workers first: a cron-driven --burst run is often the only process
-        # that could recover them.
+        # Jobs of dead workers first: a cron --burst run may be the only one to recover them.
         role = WorkerRow.Role.SUPERVISOR
         retry_transient(
             lambda: rows.register(self.name, os.getpid(), role, self.queues),
@@ -361,6 +360,7 @@ class Supervisor:
         self.burst_ticks.pending.update(
             retry_transient(self.duties.run, logger, "Starting", give_up)
         )
+        self.relay.start()  # listening before the children's first claims
         for index in range(self.concurrency):
             if self._signals:
                 break  # told to stop while starting: start no children

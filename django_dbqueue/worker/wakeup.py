@@ -1,5 +1,6 @@
 """The listening half of the wake-up: idle workers wait for announcements of jobs (and
-of paused or resumed queues) instead of sleeping until their next poll.
+of paused or resumed queues) instead of sleeping until their next poll. A supervisor's
+children do not listen themselves: the supervisor listens for them (worker/relay.py).
 
 PostgreSQL: ``LISTEN`` on a connection of its own. MySQL/MariaDB and SQLite: a Redis
 channel, when ``DBQUEUE['WAKEUP_REDIS_ALIAS']`` names a django-redis cache. Otherwise
@@ -30,15 +31,16 @@ from django_dbqueue.queue.announce import (
 from django_dbqueue.queue.clock import job_database
 from django_dbqueue.queue.dialects.pooler import own_connection, transaction_pooled
 
-__all__ = ["CHANNEL", "COALESCE", "SWITCHES", "Listener", "listen", "method"]
+__all__ = ["CHANNEL", "COALESCE", "SWITCHES", "Listener", "close_quietly", "listen", "method"]
 logger = logging.getLogger("django_dbqueue.wakeup")
 
 
 class Listener(Protocol):
-    # time.monotonic() when this listener last heard jobs announced for its queues (at
-    # first: when its subscription was confirmed). A claim after heard_at + COALESCE
-    # sees every job whose announcement was coalesced into one heard by then.
-    heard_at: float
+    @property
+    def heard_at(self) -> float:
+        """time.monotonic() when this listener last heard jobs announced for its queues
+        (at first: when its subscription was confirmed). A claim after heard_at +
+        COALESCE sees every job whose announcement was coalesced into one heard by then."""
 
     def wait(self, timeout: float) -> bool:
         """Block up to ``timeout`` seconds; True when jobs for our queues were announced,
@@ -189,6 +191,14 @@ def listen(queues: Iterable[str]) -> Listener | None:
     except Exception as exc:
         logger.warning("Wake-up via %s unavailable (%s); polling instead", how, exc)
     return None
+
+
+def close_quietly(listener: Listener) -> None:
+    """Close a listener that may be broken (closing a lost connection may fail again)."""
+    try:
+        listener.close()
+    except Exception:
+        logger.debug("closing the wake-up listener failed", exc_info=True)
 
 
 _pooled_said: set[str] = set()  # aliases whose pooler this process has warned about

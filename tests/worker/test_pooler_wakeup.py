@@ -59,4 +59,4 @@ def test_direct_workers_still_listen(
     out, done = run_and_stop(processes, worker_env(POLL_INTERVAL=0.5))
     assert Job.objects.filter(id__in=done, status=Job.Status.DONE).count() == 40
     assert WARNING not in out
-    assert "2 x 2: worker, LISTEN" in out, out
+    assert "up to 4 (1 supervisor + 1 LISTEN (relayed to the children) + 2 x 1: worker)" in out, out
