@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from django_dbqueue.conf import settings
 from django_dbqueue.queue import clock, ratelimits
 from django_dbqueue.queue.concurrency import admit, release_parked
 from django_dbqueue.queue.dialects import (
@@ -113,12 +114,18 @@ def _claim(
     for _ in range(3):
         now = clock.now(using)
         # SPREAD batches: the next is what to lock when other claimers, which read the
-        # same candidates a moment before, hold or have taken the ones before it.
-        candidates = _candidate_ids(model, conn, queue_list, now, SPREAD * batch_size, taken)
+        # same candidates a moment before, hold or have taken the ones before it. A
+        # small claim (a worker's first, one job a lane) spaces its tries a whole batch
+        # apart, as the others' claims are: with SPREAD jobs in its window it lost to
+        # every claim of a hundred, and a child of a host woken with the others took no
+        # job at all while they drained 6,000.
+        window = SPREAD * max(batch_size, int(settings.BATCH_SIZE))
+        candidates = _candidate_ids(model, conn, queue_list, now, window, taken)
         if not candidates:
             # Nothing runnable but what other claimers are taking: nothing for us.
             return Claimed()
-        chunks = [candidates[i : i + batch_size] for i in range(0, len(candidates), batch_size)]
+        step = max(batch_size, len(candidates) // SPREAD)
+        chunks = [candidates[i : i + batch_size] for i in range(0, len(candidates), step)]
         _, jobs = _take(model, using, owner, now, partial(_lock_first, model, using, chunks))
         if jobs:
             return Claimed(jobs)
