@@ -100,22 +100,24 @@ class Relay:
         self.queues = list(queues)
         self.on = wakeup.method() != "poll"
         self._shared: Any = RawValue(_Shared)
-        self._pipes = [os.pipe() for _ in range(size if self.on else 0)]
-        for read, write in self._pipes:
-            os.set_blocking(read, False)
-            os.set_blocking(write, False)
+        self._size = size
+        self._pipes: list[tuple[int, int]] = []  # made by start(): a relay never run has none
         self._listener: wakeup.Listener | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._pause = 0.0  # seconds before the next attempt to listen (0: at once)
 
     def ear(self, index: int) -> Ear | None:
-        """Child ``index``'s side (None: it polls)."""
+        """Child ``index``'s side (None: it polls), once :meth:`start` has run."""
         return Ear(self._shared, self._pipes[index][0]) if self.on else None
 
     def start(self) -> None:
         if not self.on:
             return
+        self._pipes = [os.pipe() for _ in range(self._size)]
+        for read, write in self._pipes:
+            os.set_blocking(read, False)
+            os.set_blocking(write, False)
         self._open()  # before the children start, so that their first claims follow it
         self._thread = threading.Thread(target=self._run, name="dbqueue-wakeup-relay", daemon=True)
         self._thread.start()
