@@ -248,11 +248,10 @@ SCALE_PORTS = {
 }
 # Many hosts on one database (issue #26): three hosts' drains counted by the server and
 # over 20 ms round trips (tests/scale, run only here), hosts whose clocks are 90 s off,
-# the claim turns and fair shares of three supervisors, and the PgBouncer tests.
+# and the PgBouncer tests.
 SCALE_TESTS = (
     "tests/scale",
     "tests/worker/test_clock_skew.py",
-    "tests/worker/test_claim_turns.py",
     "tests/worker/test_pooler_wakeup.py",
     "tests/queue/test_pooler.py",
     "tests/locks/test_pooler.py",
