@@ -16,6 +16,8 @@ the client: the hosts run ``tests/support/counted_claims.py``.
 ``--delay-ms D``: every request the hosts' connections send waits D ms first, a network
 of D ms round trips (tests/support/latency.py; this kernel has no ``sch_netem``).
 ``--no-turns``: the children of a host claim without taking turns (worker/turns.py).
+``--one-queue``: the hosts drain the ``default`` queue only (testproject's workers take
+three): on PostgreSQL a claim of one queue is one locking read along the claim index.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=30000)
     parser.add_argument("--delay-ms", type=float, default=0.0)
     parser.add_argument("--no-turns", action="store_true")
+    parser.add_argument("--one-queue", action="store_true", help="hosts drain 'default' only")
     args = parser.parse_args()
     import django
 
@@ -68,6 +71,8 @@ def main() -> None:
     connection.close()
     began = time.monotonic()
     host = [sys.executable, "-m", "tests.support.counted_claims", str(log), "--burst"]
+    if args.one_queue:
+        host += ["--queue", "default"]
     env = {**os.environ, "DBQUEUE_TEST_DELAY_MS": str(args.delay_ms)}
     if args.no_turns:
         env["DBQUEUE_TEST_NO_TURNS"] = "1"
