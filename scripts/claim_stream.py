@@ -3,6 +3,10 @@
     DBQUEUE_DB=mysql DBQUEUE_DB_NAME=claimer_m MYSQL_USER=claimer_m \
         python scripts/claim_stream.py --hosts 3 --children 16 --jobs 30000
 
+MariaDB counts per user only with ``userstat`` on: the scale suite's private servers have
+it (``python -m tests.support.scale_servers start``, then ``MYSQL_PORT=3330`` or
+``PGPORT=3331`` and a database made there; ``... stop`` at the end).
+
 Each "host" is one ``run_jobs --burst --concurrency C`` process with its own name. The
 figures come from the server: MariaDB's ``information_schema.USER_STATISTICS`` for the
 user the workers connect as (so run them as a user of their own: other clients of the
