@@ -63,18 +63,8 @@ def drain(
     if connection.vendor == "postgresql":
         time.sleep(1)  # pg_stat_database takes in the enqueue's commits at most every 0.5 s
     before = counters()
-    hosts = [
-        processes.python(
-            "-m",
-            "tests.support.counted_claims",
-            log,
-            "--burst",
-            "--concurrency",
-            str(children),
-            env=env,
-        )
-        for _ in range(HOSTS)
-    ]
+    run_jobs = ("--burst", "--concurrency", str(children))
+    hosts = [counted_claims.start(processes, log, *run_jobs, env=env) for _ in range(HOSTS)]
     for host in hosts:
         out, _ = host.communicate(timeout=600)
         assert host.returncode == 0, out

@@ -54,6 +54,12 @@ def count_claims(log: str) -> None:
     claim.claim = counted_claim  # type: ignore[assignment]
 
 
+def start(processes: Any, log: str, *run_jobs_args: str, env: dict[str, str]) -> Any:
+    """A ``run_jobs`` process (``processes``: the tests' :class:`~tests.support.Processes`)
+    whose claims go to ``log``."""
+    return processes.python("-m", "tests.support.counted_claims", log, *run_jobs_args, env=env)
+
+
 def read(log: str) -> list[tuple[int, int, int, int]]:
     """The lines of ``log``: (statements, jobs, transactions, empty transactions) per claim."""
     if not os.path.exists(log):
