@@ -263,7 +263,7 @@ def scale(session: nox.Session) -> None:
     """Many hosts, one database: tests/support/scale_servers.py starts a private MariaDB
     (statements counted per user) and PostgreSQL (room for 3 hosts x 16 children), the
     SCALE_TESTS run on each, then the replica suite (a lagging replica of its own), and
-    the servers stop. About 6 minutes on 2 cores (README, "Tests"). Needs root, Debian's
+    the servers stop. About 4 minutes on 2 cores (README, "Running the tests"). Needs root, Debian's
     mariadb-server, postgresql-15, pgbouncer and faketime."""
     install(session, "6.1")
     ports = {key: os.environ.get(key, default) for key, default in SCALE_PORTS.items()}

@@ -160,7 +160,7 @@ STREAM_one=("postgres:$old_corner" "postgres:${stack_sessions[0]}" "sqlite:$fres
 STREAM_two=("mysql:$new_corner" "mysql:${stack_sessions[1]}" "sqlite:${smoke_cells[*]}")
 # The Galera suite starts a 3-node cluster of its own (ports 3321-3323 and 4601-4623);
 # the scale suite a MariaDB, a PostgreSQL, a PgBouncer and a replica pair of its own
-# (ports 3330-3334): 3.7 minutes alone at load 3-5, in this stream's slack.
+# (ports 3330-3334): 3.7-4.2 minutes alone at load 3-6, in this stream's slack.
 STREAM_three=("sqlite:$new_corner" "mysql:galera" "sqlite:${stack_sessions[1]}" "mysql:scale")
 
 posargs=("$@")
