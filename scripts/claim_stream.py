@@ -3,6 +3,10 @@
     DBQUEUE_DB=mysql DBQUEUE_DB_NAME=claimer_m MYSQL_USER=claimer_m \
         python scripts/claim_stream.py --hosts 3 --children 16 --jobs 30000
 
+MariaDB counts per user only with ``userstat`` on: the scale suite's private servers have
+it (``python -m tests.support.scale_servers start``, then ``MYSQL_PORT=3330`` or
+``PGPORT=3331`` and a database made there; ``... stop`` at the end).
+
 Each "host" is one ``run_jobs --burst --concurrency C`` process with its own name. The
 figures come from the server: MariaDB's ``information_schema.USER_STATISTICS`` for the
 user the workers connect as (so run them as a user of their own: other clients of the
@@ -14,6 +18,12 @@ On PostgreSQL, the most connections the database had at once during the drain
 (``pg_stat_activity``, sampled every 50 ms) is ``peak_connections``.
 Claims, their statements and the claim transactions that locked nothing are counted on
 the client: the hosts run ``tests/support/counted_claims.py``.
+
+``--delay-ms D``: every request the hosts' connections send waits D ms first, a network
+of D ms round trips (tests/support/latency.py; this kernel has no ``sch_netem``).
+``--no-turns``: the children of a host claim without taking turns (worker/turns.py).
+``--one-queue``: the hosts drain the ``default`` queue only (testproject's workers take
+three): on PostgreSQL a claim of one queue is one locking read along the claim index.
 """
 
 from __future__ import annotations
@@ -30,27 +40,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
-
-
-def counters() -> dict[str, int]:
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        if connection.vendor == "mysql":
-            cursor.execute(
-                "SELECT SELECT_COMMANDS, UPDATE_COMMANDS, OTHER_COMMANDS, COMMIT_TRANSACTIONS,"
-                " ROLLBACK_TRANSACTIONS FROM information_schema.USER_STATISTICS WHERE USER = %s",
-                [connection.settings_dict["USER"]],
-            )
-            row = cursor.fetchone() or (0, 0, 0, 0, 0)
-            keys = ("select", "update", "other", "commit", "rollback")
-            return dict(zip(keys, map(int, row), strict=True))
-        cursor.execute(
-            "SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = %s",
-            [connection.settings_dict["NAME"]],
-        )
-        commit, rollback = cursor.fetchone()
-        return {"commit": int(commit), "rollback": int(rollback)}
 
 
 def sample_connections(stop: threading.Event, peak: list[int]) -> None:
@@ -76,16 +65,22 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=3)
     parser.add_argument("--children", type=int, default=16)
     parser.add_argument("--jobs", type=int, default=30000)
+    parser.add_argument("--delay-ms", type=float, default=0.0)
+    parser.add_argument("--no-turns", action="store_true")
+    parser.add_argument("--one-queue", action="store_true", help="hosts drain 'default' only")
     args = parser.parse_args()
     import django
 
     django.setup()
     from django.core.management import call_command
     from django.db import connection
+    from django.db.models import Max, Min
 
     from django_dbqueue import enqueue_many
     from django_dbqueue.models import Job, WorkerProcess
+    from django_dbqueue.worker.turns import TURNS_FROM
     from tests.support import counted_claims, jobs
+    from tests.support.server_counters import counters, statements
 
     call_command("migrate", verbosity=0)
     Job.objects.all().delete()
@@ -104,11 +99,17 @@ def main() -> None:
     sampler.start()
     began = time.monotonic()
     host = [sys.executable, "-m", "tests.support.counted_claims", str(log), "--burst"]
+    if args.one_queue:
+        host += ["--queue", "default"]
+    env = {**os.environ, "DBQUEUE_TEST_DELAY_MS": str(args.delay_ms)}
+    if args.no_turns:
+        env["DBQUEUE_TEST_NO_TURNS"] = "1"
     hosts = [
         subprocess.Popen(
             [*host, "--concurrency", str(args.children)],
             stdout=subprocess.DEVNULL,
             cwd=ROOT,
+            env=env,
         )
         for _ in range(args.hosts)
     ]
@@ -121,27 +122,36 @@ def main() -> None:
         time.sleep(1)
     after = counters()
     done = Job.objects.filter(status=Job.Status.DONE).count()
+    # The drain itself, first start to last finish: without the hosts' start and exit.
+    span = Job.objects.aggregate(first=Min("started_at"), last=Max("finished_at"))
+    drain = (span["last"] - span["first"]).total_seconds() if done else 0.0
     claims = counted_claims.read(str(log))
     transactions = sum(claim[2] for claim in claims)
     empty = sum(claim[3] for claim in claims)
     delta = {key: after[key] - before[key] for key in after}
-    statements = sum(v for k, v in delta.items() if k in ("select", "update", "other"))
-    if connection.vendor == "postgresql":
-        statements = delta["commit"] + delta["rollback"]
+    sent = statements(before, after)
     print(
         json.dumps(
             {
                 "vendor": connection.vendor,
                 "hosts": args.hosts,
                 "children": args.children,
+                "delay_ms": args.delay_ms,
+                "turns": not args.no_turns and args.children >= TURNS_FROM,
                 "jobs": args.jobs,
                 "done": done,
                 "seconds": round(seconds, 2),
+                "jobs_per_second": round(done / seconds),
+                "drain_seconds": round(drain, 2),
+                "drain_jobs_per_second": round(done / max(drain, 0.001)),
                 "counters": delta,
-                "statements_per_100_jobs": round(100 * statements / max(done, 1), 1),
+                "statements_per_100_jobs": round(100 * sent / max(done, 1), 1),
                 "claims": len(claims),
                 "claims_with_jobs": sum(1 for claim in claims if claim[1]),
                 "claim_statements": sum(claim[0] for claim in claims),
+                "statements_per_claim_with_jobs": round(
+                    sent / max(1, sum(1 for claim in claims if claim[1])), 1
+                ),
                 "claim_transactions": transactions,
                 "empty_claim_transactions": empty,
                 "empty_share": round(empty / max(transactions, 1), 3),

@@ -5,7 +5,8 @@
 # (SQLite and MariaDB/MySQL on Python 3.13 + Django 6.1, PostgreSQL on Python 3.11 +
 # Django 5.2), the tests without worker processes on the other corner, the fresh projects
 # built from the wheel on both corners, the smoke suite on every other Python x Django
-# cell, the Galera suite, and the coverage of django_dbqueue/ over all of it.
+# cell, the Galera suite, the scale suite (many hosts, private servers), and the coverage
+# of django_dbqueue/ over all of it.
 # A server that cannot be reached is a loud failure under CI=true, and a loud skip of
 # that database's runs otherwise.
 set -uo pipefail
@@ -157,8 +158,10 @@ STREAMS=(one two three)
 # with it, stream three 30 without).
 STREAM_one=("postgres:$old_corner" "postgres:${stack_sessions[0]}" "sqlite:$fresh_old")
 STREAM_two=("mysql:$new_corner" "mysql:${stack_sessions[1]}" "sqlite:${smoke_cells[*]}")
-# The Galera suite starts a 3-node cluster of its own (ports 3321-3323 and 4601-4623).
-STREAM_three=("sqlite:$new_corner" "mysql:galera" "sqlite:${stack_sessions[1]}")
+# The Galera suite starts a 3-node cluster of its own (ports 3321-3323 and 4601-4623);
+# the scale suite a MariaDB, a PostgreSQL, a PgBouncer and a replica pair of its own
+# (ports 3330-3334): 3.7-4.2 minutes alone at load 3-6, in this stream's slack.
+STREAM_three=("sqlite:$new_corner" "mysql:galera" "sqlite:${stack_sessions[1]}" "mysql:scale")
 
 posargs=("$@")
 run_stream() {  # name, steps ("databases:sessions"); a database that is not reachable is left out
@@ -178,8 +181,8 @@ run_stream() {  # name, steps ("databases:sessions"); a database that is not rea
 }
 
 if [[ -n "${reachable// /}" ]]; then
-    say "Test virtualenvs (nox --install-only): ${everything[*]} ${stack_sessions[*]} $fresh_old galera"
-    "$VENV/bin/nox" --install-only -s "${everything[@]}" "${stack_sessions[@]}" "$fresh_old" galera >test-results/nox-install.log 2>&1 \
+    say "Test virtualenvs (nox --install-only): ${everything[*]} ${stack_sessions[*]} $fresh_old galera scale"
+    "$VENV/bin/nox" --install-only -s "${everything[@]}" "${stack_sessions[@]}" "$fresh_old" galera scale >test-results/nox-install.log 2>&1 \
         || { tail -30 test-results/nox-install.log; loud "could not build the test virtualenvs"; exit 1; }
 
     say "The test matrix (nox), ${#STREAMS[@]} streams: test-results/stream-*.log"

@@ -134,15 +134,17 @@ if QUEUE_DB:
     DATABASE_ROUTERS = ["testproject.routers.QueueRouter"]
 
 # DBQUEUE_TEST_REPLICA=1 (tests/replica, tests/support/replica.py): "default" is the suite's
-# private MariaDB primary on 3310 and "replica" the same database on its replica on 3311;
+# private MariaDB primary on 3310 and "replica" the same database on its replica on 3311
+# (DBQUEUE_REPLICA_PORTS="3333 3334" moves them: `nox -s scale` may run beside `full`);
 # DBQUEUE_READ_REPLICA=1 also installs a router sending every read there (the pytest
 # process itself reads the primary: there "replica" mirrors "default").
 REPLICA = os.environ.get("DBQUEUE_TEST_REPLICA", "") == "1"
 if REPLICA:
     if DB_VENDOR != "mysql":
         raise RuntimeError("DBQUEUE_TEST_REPLICA=1 needs DBQUEUE_DB=mysql")
-    DATABASES["default"]["PORT"] = "3310"
-    DATABASES["replica"] = {**DATABASES["default"], "PORT": "3311", "TEST": {"MIRROR": "default"}}
+    primary, replica = os.environ.get("DBQUEUE_REPLICA_PORTS", "3310 3311").split()
+    DATABASES["default"]["PORT"] = primary
+    DATABASES["replica"] = {**DATABASES["default"], "PORT": replica, "TEST": {"MIRROR": "default"}}
     if os.environ.get("DBQUEUE_READ_REPLICA", "") == "1":
         DATABASE_ROUTERS = ["testproject.routers.ReplicaRouter"]
 

@@ -16,6 +16,7 @@ from tests.support import (
     CURRENT_VENDOR,
     GALERA,
     REPLICA,
+    SCALE,
     SECOND_DATABASE,
     Processes,
 )
@@ -27,7 +28,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     keep ``second_database`` tests and the others apart: only the former run (and all of
     them run) with DBQUEUE_QUEUE_DB=1, when a router moves the queue's tables away; the
     same for ``galera`` tests and DBQUEUE_TEST_GALERA=1 (they start a cluster of their own)
-    and ``replica`` tests and DBQUEUE_TEST_REPLICA=1 (a primary and a replica of their own)."""
+    and ``replica`` tests and DBQUEUE_TEST_REPLICA=1 (a primary and a replica of their own).
+    ``scale`` tests run only with DBQUEUE_TEST_SCALE=1 (`nox -s scale`), with the others."""
     keep, drop = [], []
     for item in items:
         marker = item.get_closest_marker("only_vendor")
@@ -36,6 +38,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         right_run = (item.get_closest_marker("second_database") is not None) == SECOND_DATABASE
         right_run = right_run and (item.get_closest_marker("galera") is not None) == GALERA
         right_run = right_run and (item.get_closest_marker("replica") is not None) == REPLICA
+        right_run = right_run and (SCALE or item.get_closest_marker("scale") is None)
         (keep if right_vendor and right_run else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)

@@ -51,9 +51,9 @@ def claim(
     2. in one short transaction, lock those ids skipping rows another claimer holds
        (re-checking the status), 3. one UPDATE by primary key, 4. COMMIT.
     Without locking reads (SQLite) all of it runs in one IMMEDIATE transaction instead.
-    On PostgreSQL a claim of one queue does 1 and 2 in one locking read along the claim
-    index (:func:`_claim_along_index`). Attempts are counted here, so a job that kills
-    its worker still uses one up.
+    A claim of one queue (PostgreSQL, MariaDB/MySQL) does 1 and 2 in one locking read
+    along the claim index (:func:`_claim_along_index`). Attempts are counted here, so a
+    job that kills its worker still uses one up.
 
     Two claimers reading at once read the same ids, and the slower one's locking read
     skips them all. So step 1 reads :data:`SPREAD` times the batch, and a claimer whose
@@ -85,8 +85,8 @@ def claim(
 
 def claims_collide(using: str, queues: list[str]) -> bool:
     """Whether claims of ``queues`` made at once read the same candidates and lock
-    nothing but one of them: every claim but PostgreSQL's of one queue, whose locking
-    read walks the claim index past what others hold (:func:`_claim_along_index`), so
+    nothing but one of them: every claim but one of one queue with locking reads, which
+    walks the claim index past what others hold (:func:`_claim_along_index`), so
     claimers at once each take their own rows and need no turns (measured: a 4-worker
     drain at half the rate with turns)."""
     speaks = dialect(connections[using])
@@ -151,8 +151,8 @@ def _lock_first(
 def _claim_along_index(
     model: type[Job], using: str, owner: str, batch_size: int, queue: str
 ) -> Claimed:
-    """One queue, on PostgreSQL: the locking read walks the claim index itself and skips
-    the rows other claimers hold, so two claimers never lock-read the same rows and
+    """One queue (PostgreSQL, MariaDB/MySQL): the locking read walks the claim index and
+    skips the rows other claimers hold, so two claimers never lock-read the same rows and
     neither has to read again. Empty: nothing runnable is left that another claimer does
     not hold. It reads again only when every job it locked was parked for its key.
     (Several queues need candidate ids first: a locking read cannot go through their

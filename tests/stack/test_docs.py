@@ -111,16 +111,19 @@ def nox_sessions() -> set[str]:
     tree = ast.parse((ROOT / "noxfile.py").read_text())
     cells: list[tuple[str, str]] = []
     kinds: list[str] = []
+    single: set[str] = set()  # @nox.session(python=...): one session, not a cell each
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(
             isinstance(t, ast.Name) and t.id == "CELLS" for t in node.targets
         ):
             cells = ast.literal_eval(node.value)
-        elif isinstance(node, ast.FunctionDef) and any(
-            ast.unparse(d) == "nox.session" for d in node.decorator_list
-        ):
-            kinds.append(node.name)
-    return {f"{kind}({py}-django{dj})" for kind in kinds for py, dj in cells}
+        elif isinstance(node, ast.FunctionDef):
+            decorators = [ast.unparse(d) for d in node.decorator_list]
+            if "nox.session" in decorators:
+                kinds.append(node.name)
+            elif any(d.startswith("nox.session(") for d in decorators):
+                single.add(node.name)
+    return {f"{kind}({py}-django{dj})" for kind in kinds for py, dj in cells} | single
 
 
 def check_nox(args: list[str]) -> None:

@@ -21,6 +21,9 @@ SECOND_DATABASE = os.environ.get("DBQUEUE_QUEUE_DB", "") == "1"
 GALERA = os.environ.get("DBQUEUE_TEST_GALERA", "") == "1"
 # DBQUEUE_TEST_REPLICA=1: only the tests marked replica run, against tests/support/replica.py.
 REPLICA = os.environ.get("DBQUEUE_TEST_REPLICA", "") == "1"
+# DBQUEUE_TEST_SCALE=1: the tests marked scale run too (`nox -s scale`, on its private
+# servers: tests/support/scale_servers.py); other runs leave them out.
+SCALE = os.environ.get("DBQUEUE_TEST_SCALE", "") == "1"
 
 
 class Processes:

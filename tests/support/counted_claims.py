@@ -4,7 +4,10 @@ Run as ``python -m tests.support.counted_claims LOG [run_jobs arguments ...]``. 
 claim a child makes appends one line to LOG: ``<statements> <jobs> <transactions>
 <empty>``: the statements the claim sent (from Django's query log of the connection),
 the jobs it took, its claim transactions and how many of those locked nothing. Children
-are forked from this process, so they inherit the wrapping.
+are forked from this process, so they inherit the wrapping, and the round-trip delay
+of ``DBQUEUE_TEST_DELAY_MS`` (tests/support/latency.py) when it is set.
+``DBQUEUE_TEST_NO_TURNS=1`` gives the children no claim turn (worker/turns.py), to
+measure what the turns cost or save.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from django.db import connections  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 
 from django_dbqueue.queue import claim  # noqa: E402
+from django_dbqueue.worker import supervisor  # noqa: E402
+from tests.support import latency  # noqa: E402
 
 
 def count_claims(log: str) -> None:
@@ -49,6 +54,12 @@ def count_claims(log: str) -> None:
     claim.claim = counted_claim  # type: ignore[assignment]
 
 
+def start(processes: Any, log: str, *run_jobs_args: str, env: dict[str, str]) -> Any:
+    """A ``run_jobs`` process (``processes``: the tests' :class:`~tests.support.Processes`)
+    whose claims go to ``log``."""
+    return processes.python("-m", "tests.support.counted_claims", log, *run_jobs_args, env=env)
+
+
 def read(log: str) -> list[tuple[int, int, int, int]]:
     """The lines of ``log``: (statements, jobs, transactions, empty transactions) per claim."""
     if not os.path.exists(log):
@@ -59,4 +70,8 @@ def read(log: str) -> list[tuple[int, int, int, int]]:
 
 if __name__ == "__main__":
     count_claims(sys.argv[1])
+    if os.environ.get(latency.VARIABLE):
+        latency.install()
+    if os.environ.get("DBQUEUE_TEST_NO_TURNS") == "1":
+        supervisor.TURNS_FROM = sys.maxsize  # type: ignore[misc]
     call_command("run_jobs", *sys.argv[2:])

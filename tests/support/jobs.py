@@ -136,6 +136,14 @@ def keyed_probe(key: str, n: int, fail_first: bool = False) -> None:
 
 
 @job
+def mark(directory: str, n: int) -> None:
+    """Append ``n`` to a file of this process in ``directory``: who ran what, how often,
+    with no statement of its own (the scale tests count the server's statements)."""
+    with open(os.path.join(directory, f"marks-{os.getpid()}.txt"), "a") as out:
+        out.write(f"{n}\n")
+
+
+@job
 def slot_probe(directory: str, key: str, n: int, fail_first: bool = False) -> None:
     """Append this run's start and end (monotonic ns, pid) to a file of this process.
 

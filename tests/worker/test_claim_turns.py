@@ -38,15 +38,7 @@ def test_a_host_with_many_children_claims_one_batch_at_a_time(
     log = str(tmp_path / "claims")
     # CLAIM_AHEAD = 0: every claim asks for a whole batch (100), whatever the jobs took.
     env = worker_env(CLAIM_AHEAD=0)
-    proc = processes.python(
-        "-m",
-        "tests.support.counted_claims",
-        log,
-        "--burst",
-        "--concurrency",
-        str(children),
-        env=env,
-    )
+    proc = counted_claims.start(processes, log, "--burst", "--concurrency", str(children), env=env)
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out
     assert Job.objects.filter(status=Job.Status.DONE).count() == total

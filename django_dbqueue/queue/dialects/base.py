@@ -41,7 +41,8 @@ class Dialect:
     vendor: ClassVar[str] = ""
     #: ``SELECT ... FOR UPDATE SKIP LOCKED`` exists (not on SQLite, which locks the file).
     locking_reads: ClassVar[bool] = True
-    #: A claim of one queue is one locking read along the claim index (PostgreSQL).
+    #: A claim of one queue is one locking read along the claim index (PostgreSQL,
+    #: MariaDB/MySQL; SQLite has no locking reads).
     locks_along_claim_index: ClassVar[bool] = False
     #: One statement can probe an index once per element of an array parameter
     #: (``unnest(%s) CROSS JOIN LATERAL``; see :meth:`array`): PostgreSQL. The others

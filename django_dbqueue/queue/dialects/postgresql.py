@@ -25,8 +25,7 @@ class PostgreSQL(Dialect):
     # locking read of those by primary key: here it is the cheaper of the two (7.8
     # against 11.6 ms a claim of 100 jobs) and claimers no longer read the same
     # candidates (two workers draining one queue spent a third of their locking reads on
-    # rows the other had just taken). On MariaDB the locking walk cost more than both
-    # reads together (7.9 against 5.8 ms), so InnoDB keeps the two steps.
+    # rows the other had just taken). MariaDB/MySQL too (dialects/mysql.py).
     locks_along_claim_index: ClassVar[bool] = True
     lateral_arrays: ClassVar[bool] = True
     listen_notify: ClassVar[bool] = True
