@@ -83,14 +83,18 @@ def claim(
     return jobs
 
 
-def claims_collide(using: str, queues: list[str]) -> bool:
-    """Whether claims of ``queues`` made at once read the same candidates and lock
-    nothing but one of them: every claim but one of one queue with locking reads, which
-    walks the claim index past what others hold (:func:`_claim_along_index`), so
-    claimers at once each take their own rows and need no turns (measured: a 4-worker
-    drain at half the rate with turns)."""
+def claims_take_turns(using: str, queues: list[str], children: int) -> bool:
+    """Whether the ``children`` of a host should claim ``queues`` in turn. Yes where
+    claims made at once read the same candidates and lock nothing but one of them: every
+    claim but one of one queue with locking reads, which walks the claim index past what
+    others hold (:func:`_claim_along_index`), so claimers at once each take their own rows
+    (measured on PostgreSQL: a 4-worker drain at half the rate with turns). Along the
+    index, from the dialect's ``turns_along_index_from`` children on (MariaDB: 8)."""
     speaks = dialect(connections[using])
-    return not (speaks.locking_reads and len(queues) == 1 and speaks.locks_along_claim_index)
+    if not (speaks.locking_reads and len(queues) == 1 and speaks.locks_along_claim_index):
+        return True
+    least = speaks.turns_along_index_from
+    return least is not None and children >= least
 
 
 def _claim(

@@ -41,10 +41,10 @@ class BaseJobManager(models.Manager["Job"]):
         signals.jobs_claimed.send(self.model, jobs=jobs, worker=owner)
         return jobs
 
-    def claims_collide(self, queues: Sequence[str]) -> bool:
-        """Whether claimers of ``queues`` claiming at once read the same candidates (see
-        :func:`.claim.claims_collide`): then a host's workers claim in turn."""
-        return claim.claims_collide(self._using(), list(queues))
+    def claims_take_turns(self, queues: Sequence[str], children: int) -> bool:
+        """Whether a host's ``children`` claim ``queues`` in turn
+        (:func:`.claim.claims_take_turns`)."""
+        return claim.claims_take_turns(self._using(), list(queues), children)
 
     def insert_many(self, jobs: Sequence[Job], batch_size: int = 1000) -> list[Job]:
         return insert.insert_many(self.model, self._using(), jobs, batch_size)

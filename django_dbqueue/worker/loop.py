@@ -272,7 +272,9 @@ class Worker:
         queues = self._pauses.active(self.listening.switched())
         if limit <= 0 or not queues:
             return Claimed()
-        turns = self._turns if self._turns and Job.objects.claims_collide(queues) else None
+        turns = self._turns
+        if turns is not None and not Job.objects.claims_take_turns(queues, turns.children):
+            turns = None
         with turns.turn() if turns else contextlib.nullcontext():
             if self.stopping.is_set():
                 return Claimed()  # stopped while another child of the host claimed

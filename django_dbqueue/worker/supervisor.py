@@ -60,7 +60,7 @@ class Supervisor:
         stopped_early: Callable[[], int] | None = None,
     ) -> None:
         self.concurrency = concurrency
-        self.turns = ClaimTurns() if concurrency >= TURNS_FROM else None  # worker/turns.py
+        self.turns = ClaimTurns(concurrency) if concurrency >= TURNS_FROM else None
         self.options = {**worker_options, "claim_turns": self.turns}
         self.progress = progress
         self.stopped_early = stopped_early  # stop signals before run() had its handlers

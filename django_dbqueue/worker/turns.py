@@ -56,7 +56,8 @@ class ClaimTurns:
     the temporary directory, deleted when the supervisor stops.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, children: int) -> None:
+        self.children = children  # the supervisor's (some claims take turns from more)
         self._owner = os.getpid()
         self._fd: int | None = None
         self._fd_pid = 0

@@ -20,7 +20,7 @@ from django_dbqueue.models import Job, WorkerProcess
 from django_dbqueue.worker.supervisor import Supervisor
 from django_dbqueue.worker.turns import CONTENDED_PAUSE_MAX, TURNS_FROM, contended_pause
 from testproject.models import Execution
-from tests.support import Processes, counted_claims, jobs, wait_until
+from tests.support import CURRENT_VENDOR, Processes, counted_claims, jobs, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 
@@ -179,3 +179,19 @@ def test_a_killed_supervisor_leaves_no_claim_turn_file(
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
     assert left() == []
+
+
+@pytest.mark.parametrize("children", [4, 8, 16])
+def test_which_claims_take_turns(children: int) -> None:
+    """Claims reading candidates take turns (they collide); one queue's locking walk
+    along the claim index does not collide, and takes turns only on MariaDB/MySQL from
+    8 children on (16 walking at once cost that server more than in turn)."""
+    several = ["default", "emails"]
+    assert Job.objects.claims_take_turns(several, children)
+    along = Job.objects.claims_take_turns(["default"], children)
+    if CURRENT_VENDOR == "mysql":
+        assert along is (children >= 8)
+    elif CURRENT_VENDOR == "postgresql":
+        assert along is False
+    else:  # SQLite: no locking reads, every claim in one transaction, in turn
+        assert along is True

@@ -44,6 +44,9 @@ class Dialect:
     #: A claim of one queue is one locking read along the claim index (PostgreSQL,
     #: MariaDB/MySQL; SQLite has no locking reads).
     locks_along_claim_index: ClassVar[bool] = False
+    #: Claims along the claim index do not collide, but from this many children on a
+    #: host they cost the server more at once than in turn (MariaDB; None: never).
+    turns_along_index_from: ClassVar[int | None] = None
     #: One statement can probe an index once per element of an array parameter
     #: (``unnest(%s) CROSS JOIN LATERAL``; see :meth:`array`): PostgreSQL. The others
     #: read many queues in chunks of UNION ALL instead.
