@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django.conf import settings as django_settings
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import JSONField
 from django.db.models.base import ModelState
+
+from django_dbqueue.queue.dialects import dialect
 
 if TYPE_CHECKING:
     from django_dbqueue.models import Job
@@ -60,7 +61,8 @@ def row_reader(model: type[Job], conn: BaseDatabaseWrapper) -> RowReader:
     """The column list and per-column converters for reading claimed Job rows by hand.
 
     The converters are Django's own (naive MySQL and SQLite datetimes to aware ones...),
-    worked out once per connection instead of once per query; JSON columns without a
+    or the dialect's cheaper ones of the same result (``Dialect.row_converters``), worked
+    out once per connection (and ``USE_TZ``) instead of once per query; JSON columns without a
     custom decoder are decoded by :func:`_json_loads`, which does what
     ``JSONField.from_db_value`` does for a whole column.
     """
@@ -69,9 +71,10 @@ def row_reader(model: type[Job], conn: BaseDatabaseWrapper) -> RowReader:
         fields = [f for f in model._meta.concrete_fields if f.attname not in NOT_READ]
         columns = ", ".join(conn.ops.quote_name(str(f.column)) for f in fields)
         converters = []
+        speaks = dialect(conn)
         for index, field in enumerate(fields):
             col = field.get_col(model._meta.db_table)
-            funcs = _plain(conn, conn.ops.get_db_converters(col))
+            funcs = speaks.row_converters(conn, conn.ops.get_db_converters(col))
             if isinstance(field, JSONField) and field.decoder is None:
                 funcs = [*funcs, _json_loads]
             else:
@@ -80,28 +83,6 @@ def row_reader(model: type[Job], conn: BaseDatabaseWrapper) -> RowReader:
                 converters.append((index, col, funcs))
         _READERS[key] = RowReader(columns, [f.attname for f in fields], converters)
     return _READERS[key]
-
-
-def _plain(conn: BaseDatabaseWrapper, funcs: list[Any]) -> list[Any]:
-    """The backend's converters, with a cheaper one where it does the same for the
-    values the driver returns: MySQL's naive datetimes made aware in UTC (Django's
-    ``make_aware`` checks and looks up more, 1 µs a column a job), and its 0/1 booleans.
-    Only for a connection that stores UTC (the reader is cached per ``USE_TZ``)."""
-    if conn.vendor != "mysql":
-        return funcs
-    utc = django_settings.USE_TZ and conn.settings_dict.get("TIME_ZONE") in (None, "UTC")
-    cheaper = {conn.ops.convert_booleanfield_value.__func__: _bool}  # type: ignore[attr-defined]
-    if utc:
-        cheaper[conn.ops.convert_datetimefield_value.__func__] = _utc  # type: ignore[attr-defined]
-    return [cheaper.get(getattr(func, "__func__", None), func) for func in funcs]
-
-
-def _utc(value: datetime, expression: Any, connection: Any) -> datetime:
-    return value.replace(tzinfo=UTC)
-
-
-def _bool(value: Any, expression: Any, connection: Any) -> Any:
-    return bool(value) if value in (0, 1) else value
 
 
 def job_from_row(
