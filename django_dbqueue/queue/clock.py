@@ -21,6 +21,7 @@ there is only one host, so the clock is ``timezone.now()``.
 from __future__ import annotations
 
 import time
+from collections import deque
 from datetime import UTC, datetime, timedelta
 from functools import cache
 from typing import Any, NamedTuple
@@ -47,6 +48,9 @@ class Reading(NamedTuple):
 
 
 _readings: dict[str, Reading] = {}
+# The round trips of the last readings, per alias: the least is the network's share.
+ROUND_TRIPS_KEPT = 6
+_round_trips: dict[str, deque[float]] = {}
 
 
 def read(using: str) -> Reading:
@@ -61,6 +65,8 @@ def read(using: str) -> Reading:
             asked, host_time = time.monotonic(), time.time()
             cursor.execute(sql)
             value = cursor.fetchone()[0]
+            trips = _round_trips.setdefault(using, deque(maxlen=ROUND_TRIPS_KEPT))
+            trips.append(time.monotonic() - asked)
         at = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
         reading = Reading(at, asked, at.timestamp() - host_time)
     _readings[using] = reading
@@ -74,6 +80,17 @@ def reading(using: str, fresh: bool = False) -> Reading:
     if fresh or last is None or time.monotonic() - last.monotonic > REFRESH:
         return read(using)
     return last
+
+
+def round_trip(using: str) -> float:
+    """Seconds a statement takes to come back from ``using``'s server, at least: the
+    least of the last few clock readings' round trips (one every :data:`REFRESH` s; the
+    first is read now). 0 for SQLite, which has no server."""
+    trips = _round_trips.get(using)
+    if trips is None or len(trips) < 2:
+        read(using)  # a process's first reading may include its connection's warm-up
+        trips = _round_trips.get(using)
+    return min(trips) if trips else 0.0
 
 
 def now(using: str, fresh: bool = False) -> datetime:
@@ -117,3 +134,4 @@ def offset(using: str) -> float:
 def forget() -> None:
     """Drop every reading (tests; a process that changed its connections)."""
     _readings.clear()
+    _round_trips.clear()

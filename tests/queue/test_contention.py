@@ -13,6 +13,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_dbqueue import enqueue_many
 from django_dbqueue.models import Job
+from django_dbqueue.queue import claim, clock
 from tests.support import jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -103,7 +104,15 @@ def test_a_claim_of_one_queue_reads_past_held_jobs() -> None:
     assert [job.pk for job in claimed] == ids[5:]
 
 
+@pytest.fixture
+def far_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server 10 ms away, as the clock's readings would measure it: MariaDB/MySQL
+    then walks the claim index too (claim.walks_index)."""
+    monkeypatch.setattr(clock, "round_trip", lambda using: 0.010)
+
+
 @locking
+@pytest.mark.usefixtures("far_server")
 def test_a_claim_of_one_queue_takes_the_best_jobs_nobody_holds() -> None:
     """One locking read along the claim index: held jobs anywhere in it are skipped and
     the claim still fills its batch (candidates read first would come back short)."""
@@ -114,11 +123,32 @@ def test_a_claim_of_one_queue_takes_the_best_jobs_nobody_holds() -> None:
 
 
 @locking
-def test_a_claim_of_one_queue_whose_jobs_are_all_held() -> None:
+@pytest.mark.parametrize("away", [0.0, 0.010], ids=["near", "far"])
+def test_a_claim_of_one_queue_whose_jobs_are_all_held(
+    monkeypatch: pytest.MonkeyPatch, away: float
+) -> None:
+    monkeypatch.setattr(clock, "round_trip", lambda using: away)
+    walks = claim.walks_index("default", ["default"])
+    # PostgreSQL walks the index wherever its server is; MariaDB/MySQL from 2 ms away.
+    assert walks == (connection.vendor == "postgresql" or away >= 0.002)
     ids = [job.pk for job in enqueue_many({"task": jobs.noop} for _ in range(60))]
     with locked_by_another_claimer(ids):
         claimed = Job.objects.claim("late", batch_size=5, queues=["default"])
     assert claimed == []
-    # The walk along the index (both databases) saw every runnable job held: nothing is
-    # left for this claimer, not "busy, ask again" (candidates read first cannot tell).
-    assert not claimed.contended
+    # The walk along the index saw every runnable job held: nothing is left for this
+    # claimer. Candidates read first cannot tell: busy, ask again.
+    assert claimed.contended is not walks
+
+
+def test_the_clock_measures_the_servers_round_trip() -> None:
+    """What walks_index compares: the least round trip of the clock's last readings (a
+    first one is read twice: it may carry the connection's warm-up). SQLite: none."""
+    clock.forget()
+    first = clock.round_trip("default")
+    if connection.vendor == "sqlite":
+        assert first == 0.0
+        return
+    assert 0.0 < first < 1.0
+    for _ in range(3):
+        clock.read("default")
+    assert 0.0 < clock.round_trip("default") <= first

@@ -38,6 +38,10 @@ class MySQL(Dialect):
     # 4 children over 20 ms round trips drained 5,567 no-op jobs/s against 1,266
     # (docs/benchmarks.md, "round trips under injected delay").
     locks_along_claim_index: ClassVar[bool] = True
+    # Only where the server is a network away, though: next to it, the walk's extra
+    # server time costs more than the round trip it saves (2 workers, one queue, no
+    # delay: a quarter slower than a candidate read and a locking read by primary key).
+    along_index_from_round_trip: ClassVar[float] = 0.002
     # But sixteen children walking the index at once cost the server more than in turn:
     # a host of 16 drained 3,706 jobs/s with the old claim, 2,247 along the index, about
     # 3,800 along the index in turns (no delay; at 20 ms in turns is still the faster of
