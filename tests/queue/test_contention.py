@@ -46,14 +46,14 @@ def locked_by_another_claimer(ids: list[int]) -> Iterator[None]:
 
 @locking
 def test_a_claim_whose_every_candidate_is_taken_three_times_reports_contention() -> None:
-    # Each read takes SPREAD (4) batches as candidates: 3 x 4 x 5.
-    ids = [job.pk for job in enqueue_many({"task": jobs.noop} for _ in range(60))]
+    # Each read takes SPREAD (4) batches of at least BATCH_SIZE as candidates: 3 x 4 x 100.
+    ids = [job.pk for job in enqueue_many({"task": jobs.noop} for _ in range(1200))]
     with locked_by_another_claimer(ids):
-        claimed = Job.objects.claim("late", batch_size=5)
+        claimed = Job.objects.claim("late", batch_size=100)
         assert claimed == []
         assert claimed.contended
-    claimed = Job.objects.claim("late", batch_size=5)
-    assert [job.pk for job in claimed] == ids[:5]
+    claimed = Job.objects.claim("late", batch_size=100)
+    assert [job.pk for job in claimed] == ids[:100]
     assert not claimed.contended
 
 
@@ -136,8 +136,8 @@ def test_a_claim_of_one_queue_whose_jobs_are_all_held(
         claimed = Job.objects.claim("late", batch_size=5, queues=["default"])
     assert claimed == []
     # The walk along the index saw every runnable job held: nothing is left for this
-    # claimer. Candidates read first cannot tell: busy, ask again.
-    assert claimed.contended is not walks
+    # claimer; and so did the candidates read first, 60 within the window of one read.
+    assert not claimed.contended
 
 
 def test_the_clock_measures_the_servers_round_trip() -> None:
