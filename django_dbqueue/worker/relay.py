@@ -108,8 +108,11 @@ class Relay:
         self._pause = 0.0  # seconds before the next attempt to listen (0: at once)
 
     def ear(self, index: int) -> Ear | None:
-        """Child ``index``'s side (None: it polls), once :meth:`start` has run."""
-        return Ear(self._shared, self._pipes[index][0]) if self.on else None
+        """Child ``index``'s side; None where it polls, or listens itself (a supervisor
+        that spawns a child without having started its relay: tests)."""
+        if not self.on or index >= len(self._pipes):
+            return None
+        return Ear(self._shared, self._pipes[index][0])
 
     def start(self) -> None:
         if not self.on:

@@ -110,6 +110,9 @@ def test_pause_and_resume_reach_idle_children_through_the_relay(
     processes: Processes, worker_env: Callable[..., dict[str, str]]
 ) -> None:
     proc = start(processes, worker_env)
+    # Idle again: a child still in the claim after its warm-up job could read the paused
+    # set before the pause and its candidates after the next enqueue (as without a relay).
+    time.sleep(1.0)
     # The children read the paused set every POLL s, or at once when a switch is relayed.
     pausing.pause("default")
     # Its announcement wakes the children: had they not heard the pause, they run it now.
