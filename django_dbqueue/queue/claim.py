@@ -51,9 +51,9 @@ def claim(
     2. in one short transaction, lock those ids skipping rows another claimer holds
        (re-checking the status), 3. one UPDATE by primary key, 4. COMMIT.
     Without locking reads (SQLite) all of it runs in one IMMEDIATE transaction instead.
-    A claim of one queue (PostgreSQL, MariaDB/MySQL) does 1 and 2 in one locking read
-    along the claim index (:func:`_claim_along_index`). Attempts are counted here, so a
-    job that kills its worker still uses one up.
+    A claim of one queue (PostgreSQL; MariaDB/MySQL 2 ms or more away: :func:`walks_index`)
+    does 1 and 2 in one locking read along the claim index (:func:`_claim_along_index`).
+    Attempts are counted here, so a job that kills its worker still uses one up.
 
     Two claimers reading at once read the same ids, and the slower one's locking read
     skips them all. So step 1 reads :data:`SPREAD` times the batch, and a claimer whose
@@ -166,7 +166,7 @@ def _lock_first(
 def _claim_along_index(
     model: type[Job], using: str, owner: str, batch_size: int, queue: str
 ) -> Claimed:
-    """One queue (PostgreSQL, MariaDB/MySQL): the locking read walks the claim index and
+    """One queue (where :func:`walks_index`): the locking read walks the claim index and
     skips the rows other claimers hold, so two claimers never lock-read the same rows and
     neither has to read again. Empty: nothing runnable is left that another claimer does
     not hold. It reads again only when every job it locked was parked for its key.
