@@ -268,12 +268,13 @@ class Recorder:
             finished = self.retry(lambda: Job.objects.finish_done(self.name, pending))
             self.slot.clear_log()
             self._release(*(job.id for job in pending))
-            hooks.done([job for job in pending if job.id in finished])
+            done = [job for job in pending if job.id in finished]
+            self.stats.done += len(done)
+            hooks.done(done)
+            for job in done:
+                signals.job_finished.send(Job, job=job, worker=self.name, result=job.result)
             for job in pending:
-                if job.id in finished:
-                    self.stats.done += 1
-                    signals.job_finished.send(Job, job=job, worker=self.name, result=job.result)
-                else:
+                if job.id not in finished:
                     logger.warning(
                         "Job %s finished, but another worker took it over meanwhile "
                         "(lease expired); not recorded twice",
