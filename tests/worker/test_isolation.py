@@ -310,7 +310,11 @@ def test_two_sigterms_stop_run_jobs_within_the_grace_even_in_c_code(
     assert (stuck.status, stuck.attempts) == (Job.Status.QUEUED, 1), "retried later, not lost"
     assert "WorkerShutdown: run_jobs was stopped by a second signal" in stuck.last_error
     waiting.refresh_from_db()
-    assert (waiting.status, waiting.attempts) == (Job.Status.QUEUED, 0), "handed back"
+    # The stuck child claimed it too. Handed back at the stop, it is queued and uncharged;
+    # if the stop came later than STALE_AFTER (a loaded machine), the child handed it back
+    # as stale and the other child ran it, once.
+    ran_elsewhere = (waiting.status, waiting.attempts, waiting.result) == (Job.Status.DONE, 1, 2)
+    assert ran_elsewhere or (waiting.status, waiting.attempts) == (Job.Status.QUEUED, 0)
     assert not WorkerRow.objects.exists()
     assert all(pid_gone(int(pid)) for pid in [proc.pid])
 

@@ -11,6 +11,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,7 @@ from django_dbqueue.models import Batch, Dependency, Job
 from django_dbqueue.models import WorkerProcess as WorkerRow
 from django_dbqueue.workflows.chains import chain, group
 from tests.support import Processes, flow_jobs
+from tests.support import jobs as test_jobs
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.processes]
 
@@ -28,8 +30,8 @@ ON_BATCH = "tests.support.flow_jobs.on_batch"
 STEP = {"max_attempts": 20, "retry_backoff": 0.01}
 
 
-def build_graph() -> tuple[Batch, list[list[Job]]]:
-    """Returns the batch and the chains broken by a failure."""
+def build_graph(gate: Job) -> tuple[Batch, list[list[Job]]]:
+    """Returns the batch and the chains broken by a failure. The fan-outs wait for ``gate``."""
     batch = enqueue_batch(
         [{"task": flow_jobs.value, "args": [n], **STEP} for n in range(500)],
         on_complete={"task": flow_jobs.on_batch, "args": ["complete"]},
@@ -42,7 +44,7 @@ def build_graph() -> tuple[Batch, list[list[Job]]]:
             *[{"task": flow_jobs.plus_previous, "args": [1], **STEP} for _ in range(4)],
         )
     for n in range(20):  # 240 jobs: root -> 10 in parallel -> sink
-        root = enqueue(flow_jobs.value, [n], **STEP)
+        root = enqueue(flow_jobs.value, [n], depends_on=[gate], **STEP)
         fan = group(
             *[{"task": flow_jobs.value, "args": [i], **STEP} for i in range(10)], depends_on=[root]
         )
@@ -59,10 +61,14 @@ def build_graph() -> tuple[Batch, list[list[Job]]]:
 
 
 def test_a_workflow_graph_survives_sigkilled_children(
-    processes: Processes, worker_env: Callable[..., dict[str, str]]
+    processes: Processes, worker_env: Callable[..., dict[str, str]], tmp_path: Path
 ) -> None:
     rng = random.Random(29)
-    batch, broken = build_graph()
+    # The gate holds part of the graph until half the kills have landed: a quick drain
+    # (two seconds on a quiet machine) would otherwise end before a child restarts.
+    opened = tmp_path / "open"
+    gate = enqueue(test_jobs.hold_until, [str(opened), "gate", 240], **STEP)
+    batch, broken = build_graph(gate)
     total = Job.objects.count()
     assert total >= 1000
     env = worker_env(LEASE_TIMEOUT=600, HEARTBEAT_INTERVAL=0.3, POLL_INTERVAL=0.05, KILL_GRACE=0.2)
@@ -78,6 +84,8 @@ def test_a_workflow_graph_survives_sigkilled_children(
         assert time.monotonic() - began < 300, f"stuck: {left}; " + "".join(output)[-2000:]
         # Often enough to land several kills in a drain of two seconds (a quiet machine).
         time.sleep(rng.uniform(0.05, 0.2))
+        if len(killed) >= KILLS // 2:
+            opened.touch()
         if len(killed) < KILLS:
             pids = [
                 p
@@ -100,7 +108,7 @@ def test_a_workflow_graph_survives_sigkilled_children(
     for proc in procs:
         assert proc.wait(60) == 0, "".join(output)[-3000:]
     print(f"chaos: {total} jobs in {took:.1f} s, {len(killed)} SIGKILLs")
-    assert len(killed) >= 3, "the drain was too quick to kill anything"
+    assert len(killed) >= KILLS // 2, "the gate opens after half the kills"
 
     # Every callback exactly once, with the batch's counts.
     callbacks = {
