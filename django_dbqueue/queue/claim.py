@@ -8,14 +8,14 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
-from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_dbqueue.conf import settings
 from django_dbqueue.queue import clock, ratelimits
+from django_dbqueue.queue.candidates import candidate_ids, run_after_param
+from django_dbqueue.queue.claim_statement import claim_order, claim_unkeyed
 from django_dbqueue.queue.concurrency import admit, release_parked
 from django_dbqueue.queue.dialects import (
     dialect,
-    placeholders,
     plain_transaction,
     write_transaction,
 )
@@ -116,7 +116,7 @@ def _claim(
         for _ in range(3):
             now = clock.now(using)
             with write_transaction(using):
-                candidates = _candidate_ids(model, conn, queue_list, now, batch_size, [])
+                candidates = candidate_ids(model, conn, queue_list, now, batch_size, [])
                 locked = _lock_ids(model, using, candidates, now, False)
                 jobs = _mark(model, using, locked, owner, now, lock=False)
             # Candidates but no job: all were parked over their key's limit; read on.
@@ -135,7 +135,7 @@ def _claim(
         # every claim of a hundred, and a child of a host woken with the others took no
         # job at all while they drained 6,000.
         window = SPREAD * max(batch_size, int(settings.BATCH_SIZE))
-        candidates = _candidate_ids(model, conn, queue_list, now, window, taken)
+        candidates = candidate_ids(model, conn, queue_list, now, window, taken)
         if not candidates:
             # Nothing runnable but what other claimers are taking: nothing for us.
             return Claimed()
@@ -171,13 +171,20 @@ def _claim_along_index(
     neither has to read again. Empty: nothing runnable is left that another claimer does
     not hold. It reads again only when every job it locked was parked for its key.
     (Several queues need candidate ids first: a locking read cannot go through their
-    UNION ALL.)"""
+    UNION ALL.) Where the dialect claims in one statement, that comes first; the keyed
+    jobs it left are claimed here (queue/claim_statement.py)."""
+    one_statement = dialect(connections[using]).claims_in_one_statement
     for _ in range(3):
         now = clock.now(using)
-        read = partial(_lock_next, model, using, queue, batch_size)
+        got: list[Job] = []
+        if one_statement:
+            got, locked = claim_unkeyed(model, using, owner, batch_size, queue, now)
+            if locked == len(got):
+                return Claimed(got)
+        read = partial(_lock_next, model, using, queue, batch_size - len(got))
         locked, jobs = _take(model, using, owner, now, read)
-        if jobs or not locked:
-            return Claimed(jobs)
+        if got or jobs or not locked:
+            return Claimed(sorted(got + jobs, key=claim_order))
     return Claimed(contended=True)
 
 
@@ -201,118 +208,6 @@ def _take(
             return len(locked), _mark(model, using, locked, owner, now, lock=True)
 
 
-# Queues read per statement: SQLite allows 500 terms in a compound SELECT, and past a
-# few hundred branches the planners spend longer on the statement than on the rows.
-QUEUES_PER_STATEMENT = 100
-
-
-def _candidate_ids(
-    model: type[Job],
-    conn: BaseDatabaseWrapper,
-    queues: list[str],
-    now: datetime,
-    limit: int,
-    exclude: list[int],
-) -> list[int]:
-    """Ids of the next runnable jobs, best first, each queue read along the claim index.
-
-    ``queue IN (a, b)`` would make the database sort every queued row of those
-    queues; one index range per queue, each stopping after ``limit`` rows, and a
-    merge of at most ``limit * len(queues)`` rows keeps the cost flat. Many queues are
-    read in chunks of :data:`QUEUES_PER_STATEMENT`, merged here by the same order.
-    ``exclude``: ids another claimer was seen taking, skipped in the index walk.
-    """
-    if len(queues) <= QUEUES_PER_STATEMENT:
-        return [row[0] for row in _candidates(model, conn, queues, now, limit, exclude, False)]
-    if dialect(conn).lateral_arrays:
-        return _candidates_lateral(model, conn, queues, now, limit, exclude)
-    rows: list[tuple[Any, ...]] = []
-    for start in range(0, len(queues), QUEUES_PER_STATEMENT):
-        chunk = queues[start : start + QUEUES_PER_STATEMENT]
-        rows += _candidates(model, conn, chunk, now, limit, exclude, True)
-    # The database's order: priority descending, then run_after, then id.
-    rows.sort(key=lambda row: (-row[1], row[2], row[0]))
-    return [row[0] for row in rows[:limit]]
-
-
-def _candidates(
-    model: type[Job],
-    conn: BaseDatabaseWrapper,
-    queues: list[str],
-    now: datetime,
-    limit: int,
-    exclude: list[int],
-    sort_keys: bool,
-) -> list[tuple[Any, ...]]:
-    """(id,) of the best ``limit`` runnable jobs of ``queues``, or with ``sort_keys``
-    (id, priority, run_after), for merging with another statement's (a datetime parsed
-    per row only then)."""
-    qn = conn.ops.quote_name
-    table = qn(model._meta.db_table)
-    when = _when(model, conn, now)
-    order = f"{qn('priority')} DESC, {qn('run_after')}, {qn('id')}"
-    skip = f"AND {qn('id')} NOT IN ({placeholders(len(exclude))}) " if exclude else ""
-    keys = f"{qn('id')}, {qn('priority')}, {qn('run_after')}"
-    columns = keys if sort_keys or len(queues) > 1 else qn("id")
-    one = (
-        f"SELECT {columns} FROM {table} "  # noqa: S608
-        f"WHERE {qn('status')} = %s AND {qn('queue')} = %s AND {qn('run_after')} <= %s "
-        f"{skip}ORDER BY {order} LIMIT %s"
-    )
-    params: list[Any] = []
-    for queue in queues:
-        params += [QUEUED, queue, when, *exclude, limit]
-    if len(queues) == 1:
-        sql = one
-    else:
-        parts = " UNION ALL ".join(
-            f"SELECT * FROM ({one}) AS q{i}"  # noqa: S608
-            for i in range(len(queues))
-        )
-        merged = "*" if sort_keys else qn("id")
-        sql = f"SELECT {merged} FROM ({parts}) AS c ORDER BY {order} LIMIT %s"  # noqa: S608
-        params.append(limit)
-    with conn.cursor() as cursor:
-        cursor.execute(sql, params)
-        return [tuple(row) for row in cursor.fetchall()]
-
-
-def _candidates_lateral(
-    model: type[Job],
-    conn: BaseDatabaseWrapper,
-    queues: list[str],
-    now: datetime,
-    limit: int,
-    exclude: list[int],
-) -> list[int]:
-    """The same index range per queue in one statement, the queues passed as one array.
-
-    2,000 queues: one plan of a nested loop (about 10 ms), where 2,000 UNION ALL
-    branches took the planner seconds.
-    """
-    qn = conn.ops.quote_name
-    array = dialect(conn).array
-    when = _when(model, conn, now)
-    columns = f"{qn('id')}, {qn('priority')}, {qn('run_after')}"
-    order = f"c.{qn('priority')} DESC, c.{qn('run_after')}, c.{qn('id')}"
-    sql = (
-        f"SELECT c.{qn('id')} FROM unnest({array('varchar')}) AS q(name) "  # noqa: S608
-        f"CROSS JOIN LATERAL (SELECT {columns} FROM {qn(model._meta.db_table)} "
-        f"WHERE {qn('status')} = %s AND {qn('queue')} = q.name AND {qn('run_after')} <= %s "
-        f"AND NOT ({qn('id')} = ANY({array('bigint')})) "
-        f"ORDER BY {qn('priority')} DESC, {qn('run_after')}, {qn('id')} LIMIT %s) AS c "
-        f"ORDER BY {order} LIMIT %s"
-    )
-    with conn.cursor() as cursor:
-        cursor.execute(sql, [queues, QUEUED, when, exclude, limit, limit])
-        return [row[0] for row in cursor.fetchall()]
-
-
-def _when(model: type[Job], conn: BaseDatabaseWrapper, now: datetime) -> Any:
-    """``now`` as a parameter compared with ``run_after``."""
-    return model._meta.get_field("run_after").get_db_prep_value(now, conn)
-
-
 class _KeyedRows(Exception):
     """Keyed jobs were locked inside a transaction Django does not know of: start over."""
 
@@ -332,7 +227,9 @@ def _lock_ids(
     # (concurrency keys); claimed here it would keep run_after in year 9000 and, given
     # back or recovered after a crash, wait there with no key flagged to release it.
     where = f"{id_sql} AND {queued} AND {qn('run_after')} <= %s"
-    jobs = _read_jobs(model, using, where, [*id_params, QUEUED, _when(model, conn, now)], lock)
+    jobs = _read_jobs(
+        model, using, where, [*id_params, QUEUED, run_after_param(model, conn, now)], lock
+    )
     rank = {job_id: index for index, job_id in enumerate(candidates)}
     jobs.sort(key=lambda job: rank[job.id])
     return jobs
@@ -350,7 +247,9 @@ def _lock_next(
         f"{qn('status')} = %s AND {qn('queue')} = %s AND {qn('run_after')} <= %s "
         f"ORDER BY {qn('priority')} DESC, {qn('run_after')}, {qn('id')} LIMIT %s"
     )
-    return _read_jobs(model, using, where, [QUEUED, queue, _when(model, conn, now), limit], lock)
+    return _read_jobs(
+        model, using, where, [QUEUED, queue, run_after_param(model, conn, now), limit], lock
+    )
 
 
 def _read_jobs(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import signal
 import threading
@@ -46,6 +47,8 @@ from django_dbqueue.worker.turns import ClaimTurns, contended_pause
 from django_dbqueue.worker.wakeup import Listener
 
 logger = logging.getLogger("django_dbqueue.worker")
+
+OUTLAST_DECAY = 0.9  # the jobs a claim must outlast, kept from claim to claim (_note_claim)
 
 # A supervisor starts its children with these blocked (supervisor.py, _spawn), so that one
 # sent while a child starts waits for the child's handlers instead of killing it.
@@ -101,6 +104,8 @@ class Worker:
         self._pauses = PauseWatcher(self.queues)
         self._claim_ahead = float(settings.CLAIM_AHEAD)  # read once: consulted every claim
         self._claimed = 0  # jobs claimed in all (for max_jobs)
+        self._outlast = 0  # claim again before fewer jobs wait than this (_note_claim)
+        self._fed = False  # the last claim brought jobs
         self._claim_waits = DatabaseWaits(
             f"Worker {self.name} claiming", logger, self.name, where="claim"
         )
@@ -190,11 +195,11 @@ class Worker:
             if self.parent_pid is not None and os.getppid() != self.parent_pid:
                 logger.warning("Worker %s: supervisor is gone, stopping", self.name)
                 break
-            ready = self._ready_lanes()
-            if not ready:
+            wanted = self._wanted()
+            if not wanted:
                 self._wait(0.1)  # claim when a lane takes one or frees up
                 continue
-            jobs, failures = self._claim_or_back_off(failures, ready)
+            jobs, failures = self._claim_or_back_off(failures, wanted)
             if jobs is None:
                 continue  # an error waited out: ask again
             contended = contended + 1 if jobs.contended else 0
@@ -221,23 +226,27 @@ class Worker:
         self.executor.wait(min(seconds, self.recorder.flush_interval))
         self.recorder.flush()
 
-    def _ready_lanes(self) -> int:
-        """Lanes to claim for now: none while enough jobs wait to keep every lane going,
-        else those that can start a job within CLAIM_AHEAD (Executor.ready_lanes). A
-        process whose lanes all run long jobs claims nothing: what it claimed would wait
-        here while another process or thread may be idle."""
+    def _wanted(self) -> int:
+        """How many jobs to claim now. None while the jobs waiting here keep every lane
+        going and outlast a claim (see _note_claim); else what the lanes that can start a
+        job within CLAIM_AHEAD (Executor.ready_lanes) start in that time, less those
+        waiting, at most a batch. A process whose lanes all run long jobs claims nothing:
+        what it claimed would wait here while another process or thread may be idle."""
         waiting = self.executor.waiting()
-        if waiting >= self.executor.lanes:
+        if waiting >= self.executor.lanes and waiting > self._outlast:
             return 0
-        return max(0, self.executor.ready_lanes(self._claim_ahead) - waiting)
+        ready = self.executor.ready_lanes(self._claim_ahead)
+        if not ready:
+            return 0
+        return max(0, int(min(self.batch_size + waiting, self._within_ahead(ready)) - waiting))
 
-    def _claim_or_back_off(self, failures: int, ready: int) -> tuple[Claimed | None, int]:
+    def _claim_or_back_off(self, failures: int, wanted: int) -> tuple[Claimed | None, int]:
         """One claim, and the count of database errors in a row since the last good one.
         A transient error is logged and waited out here, longer each time: (None, count)."""
         try:
             refresh_connections()
             self.listening.claim_began = time.monotonic()
-            claimed = self._claim(ready)
+            claimed = self._claim(wanted)
         except TRANSIENT_ERRORS as exc:
             pause = self._claim_waits.failed(exc)
             refresh_connections()
@@ -247,23 +256,39 @@ class Worker:
         return claimed, 0
 
     def claim_size(self, lanes: int | None = None) -> int:
-        """How many jobs to claim for ``lanes`` lanes (default: all the executor's): about
-        CLAIM_AHEAD seconds of them, at most the batch size and at least a job per lane.
+        """How many jobs to claim for ``lanes`` idle lanes (default: all the executor's):
+        about CLAIM_AHEAD seconds of them, at most the batch size and at least a job per
+        lane.
 
         A process claims only what it can start soon, so jobs it holds are not jobs an
         idle process could run. Before any job has run, the cost is unknown: a job per
         lane. ``CLAIM_AHEAD = 0`` turns this off: every claim asks for the whole batch.
         """
         lanes = self.executor.lanes if lanes is None else lanes
+        return max(lanes, int(min(self.batch_size, self._within_ahead(lanes))))
+
+    def _within_ahead(self, lanes: int) -> float:
+        """Jobs ``lanes`` lanes start within CLAIM_AHEAD (unbounded when it is 0)."""
         seconds = self.recorder.job_seconds
         if self._claim_ahead <= 0 or (seconds is not None and seconds <= 0):
-            return max(lanes, self.batch_size)
+            return math.inf
         if seconds is None:
             return lanes
-        return max(lanes, min(self.batch_size, int(lanes * self._claim_ahead / seconds)))
+        return max(lanes, lanes * self._claim_ahead / seconds)
 
-    def _claim(self, ready: int) -> Claimed:
-        wanted = self.claim_size(ready)
+    def _note_claim(self, waiting: int, started: int, fed: bool) -> None:
+        """A claim came back, ``started`` jobs after it went out with ``waiting`` jobs
+        waiting here (``fed``: the claim before it brought jobs). With threads or
+        coroutines the lanes run on while the core claims: the next claim goes out
+        before fewer jobs wait than started during this one, so that the lanes do not
+        run dry waiting for it. A claim that found none left, or none to begin with
+        after the last claim's jobs, came too late: the estimate doubles. It decays
+        slowly. (The core may be slow to look: busy lanes hold the GIL.)"""
+        if started >= waiting and (waiting or fed):
+            started = max(2 * started, self.executor.lanes, 2 * self._outlast)
+        self._outlast = min(self.batch_size, max(started, int(self._outlast * OUTLAST_DECAY)))
+
+    def _claim(self, wanted: int) -> Claimed:
         if self.max_jobs is not None:
             wanted = min(wanted, self.max_jobs - self._claimed + self.recorder.handed_back)
         if self.recorder.room() < wanted:
@@ -278,7 +303,10 @@ class Worker:
         with turns.turn() if turns else contextlib.nullcontext():
             if self.stopping.is_set():
                 return Claimed()  # stopped while another child of the host claimed
+            waiting, started = self.executor.waiting(), self.executor.started_jobs()
             jobs = Job.objects.claim(self.name, limit, queues)
+            self._note_claim(waiting, self.executor.started_jobs() - started, self._fed)
+            self._fed = bool(jobs)
         self.recorder.hold(jobs)
         self._claimed += len(jobs)
         return jobs

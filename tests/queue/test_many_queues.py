@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from django_dbqueue import enqueue, enqueue_many
 from django_dbqueue.models import Job
-from django_dbqueue.queue import claim
+from django_dbqueue.queue import candidates
 from tests.support import jobs
 
 pytestmark = pytest.mark.django_db
@@ -44,7 +44,7 @@ def test_claim_from_600_queues_takes_the_best_jobs_of_all_of_them(settings: Any)
 
 
 def test_claim_merges_chunks_in_claim_order(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(claim, "QUEUES_PER_STATEMENT", 2)
+    monkeypatch.setattr(candidates, "QUEUES_PER_STATEMENT", 2)
     queues = many_queues(settings, 5)
     now = timezone.now()
     expected = [

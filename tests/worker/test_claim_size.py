@@ -8,6 +8,7 @@ from django.conf import settings
 from django.test import override_settings
 
 from django_dbqueue import enqueue_many
+from django_dbqueue.models import Job
 from django_dbqueue.worker.loop import Worker
 from tests.support import jobs
 
@@ -44,3 +45,51 @@ def test_jobs_of_a_few_milliseconds_are_claimed_a_few_at_a_time() -> None:
     assert worker.stats.done == 10
     # 0.15 s of 20 ms jobs: 7; the job's own overhead and a loaded machine make it fewer.
     assert 2 <= worker.claim_size() <= 7
+
+
+def threaded_worker_holding(waiting: int, job_seconds: float) -> Worker:
+    """A 4-thread worker whose executor (not started) holds ``waiting`` jobs, and whose
+    jobs took ``job_seconds`` each."""
+    worker = Worker(handle_signals=False, batch_size=50, threads=4)
+    worker.recorder.job_seconds = job_seconds
+    worker.executor.submit([Job(id=n, task="t") for n in range(waiting)])
+    assert worker.executor.waiting() == waiting
+    return worker
+
+
+def test_threads_claim_again_before_the_waiting_jobs_run_out() -> None:
+    # 1 ms jobs: 4 lanes start 600 within CLAIM_AHEAD (0.15 s); 30 wait.
+    worker = threaded_worker_holding(30, 0.001)
+    assert worker._wanted() == 0, "enough to keep every lane going, and no claim measured"
+    worker._outlast = 40  # claims saw 40 jobs start while they were out
+    assert worker._wanted() == 50, "a whole batch, before the 30 run out"
+    worker._outlast = 29
+    assert worker._wanted() == 0
+
+
+def test_slow_jobs_are_not_claimed_ahead_whatever_a_claim_took() -> None:
+    # 1 s jobs: the 4 lanes start 4 within CLAIM_AHEAD, and 4 wait already.
+    worker = threaded_worker_holding(4, 1.0)
+    worker._outlast = 50
+    assert worker._wanted() == 0
+    worker = threaded_worker_holding(1, 1.0)
+    worker._outlast = 50
+    assert worker._wanted() == 3
+
+
+def test_the_jobs_a_claim_must_outlast_are_measured() -> None:
+    worker = Worker(handle_signals=False, batch_size=50, threads=4)
+    worker._note_claim(waiting=0, started=0, fed=False)
+    assert worker._outlast == 0, "idle lanes say nothing"
+    # The last claim brought jobs and none were left when this one went out: too late.
+    worker._note_claim(waiting=0, started=0, fed=True)
+    assert worker._outlast == 4
+    worker._note_claim(waiting=3, started=3, fed=True)  # ran dry during the claim
+    assert worker._outlast == 8
+    for _ in range(5):
+        worker._note_claim(waiting=8, started=8, fed=True)
+    assert worker._outlast == 50, "at most a batch"
+    worker._note_claim(waiting=50, started=10, fed=True)  # in time: it decays slowly
+    assert worker._outlast == 45
+    worker._note_claim(waiting=45, started=44, fed=True)
+    assert worker._outlast == 44

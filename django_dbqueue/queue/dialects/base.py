@@ -44,6 +44,9 @@ class Dialect:
     #: A claim of one queue is one locking read along the claim index (PostgreSQL,
     #: MariaDB/MySQL; SQLite has no locking reads).
     locks_along_claim_index: ClassVar[bool] = False
+    #: ... and a first statement takes its jobs without a concurrency key: locks,
+    #: marks and reads them back (UPDATE ... RETURNING; PostgreSQL).
+    claims_in_one_statement: ClassVar[bool] = False
     #: ... where a statement's round trip is at least this many seconds (0: always).
     along_index_from_round_trip: ClassVar[float] = 0.0
     #: Claims along the claim index do not collide, but from this many children on a

@@ -27,6 +27,7 @@ class PostgreSQL(Dialect):
     # candidates (two workers draining one queue spent a third of their locking reads on
     # rows the other had just taken). MariaDB/MySQL too (dialects/mysql.py).
     locks_along_claim_index: ClassVar[bool] = True
+    claims_in_one_statement: ClassVar[bool] = True
     lateral_arrays: ClassVar[bool] = True
     listen_notify: ClassVar[bool] = True
     # JSON is bound as text with a cast (enqueue has the text already).

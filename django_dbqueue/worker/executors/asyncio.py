@@ -105,6 +105,9 @@ class AsyncioExecutor(Executor):
         with self._lock:
             return self.inner.waiting() + len(self._queue)
 
+    def started_jobs(self) -> int:
+        return self.inner.started_jobs() + self.started
+
     def busy(self) -> bool:
         with self._lock:
             mine = bool(self._queue or self._runs)
@@ -167,6 +170,7 @@ class AsyncioExecutor(Executor):
             while self._queue and self._free and not self.stopping.is_set():
                 lane = self._free.pop()
                 run = self._runs[lane] = Run(self._queue.popleft())
+                self.started += 1
                 run.task = self._loop.create_task(self._run(run, lane))
             self._changed.notify_all()
 

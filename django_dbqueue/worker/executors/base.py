@@ -56,6 +56,7 @@ class Executor:
         self.stale_after = max(STALE_AFTER, 2 * ahead) if ahead > 0 else 0.0
         self._timer_thread: threading.Thread | None = None
         self._closing = False
+        self.started = 0  # jobs started in all (where they wait to start: threads, loop)
 
     # -- what the core calls -----------------------------------------------------------
 
@@ -94,6 +95,10 @@ class Executor:
     def waiting(self) -> int:
         """Jobs handed over and not started yet."""
         return 0
+
+    def started_jobs(self) -> int:
+        """Jobs started in all (the core counts those started while it claims)."""
+        return self.started
 
     def busy(self) -> bool:
         """Is any job running or waiting to start?"""

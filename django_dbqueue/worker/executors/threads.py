@@ -145,6 +145,7 @@ class ThreadedExecutor(Executor):
                     if self.stopping.is_set():
                         return  # what is left in the queue is given back when stopping
                     job = self._queue.popleft()
+                    self.started += 1
                     alone = self._alone = suspect(job)
                     self._busy += 1
                     self._changed.notify()  # the core may claim more

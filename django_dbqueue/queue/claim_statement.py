@@ -1,0 +1,67 @@
+"""A claim of one queue as one statement (PostgreSQL): lock the next rows along the claim
+index, mark them claimed and read them back, in one round trip where the locking read,
+the UPDATE and the COMMIT took three (docs/benchmarks.md, "The claim in one statement").
+
+It takes the jobs without a concurrency key. One with a key must be admitted first
+(queue/concurrency.py parks it when its key is full), so where such a job is among the
+rows it locked it leaves that row alone, and says so: :func:`claim_unkeyed` tells how
+many rows it locked, and the caller claims the keyed ones the usual way
+(queue/claim.py, ``_claim_along_index``).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from django.db import connections
+
+from django_dbqueue.queue.candidates import run_after_param
+from django_dbqueue.queue.reader import job_from_row, row_reader
+from django_dbqueue.status import CLAIMED, QUEUED
+
+if TYPE_CHECKING:
+    from django_dbqueue.models import Job
+
+
+def claim_unkeyed(
+    model: type[Job], using: str, owner: str, limit: int, queue: str, now: datetime
+) -> tuple[list[Job], int]:
+    """Claim the first ``limit`` runnable jobs of ``queue`` that no other claimer holds,
+    unless they have a concurrency key: (the jobs claimed, best first; the rows locked).
+    Attempts are counted as the usual claim counts them."""
+    conn = connections[using]
+    qn = conn.ops.quote_name
+    table = qn(model._meta.db_table)
+    reader = row_reader(model, conn)
+    when = run_after_param(model, conn, now)
+    owner_date = conn.ops.adapt_datetimefield_value(now)
+    sql = (
+        f"WITH picked AS (SELECT {qn('id')} AS picked_id FROM {table} "  # noqa: S608
+        f"WHERE {qn('status')} = %s AND {qn('queue')} = %s AND {qn('run_after')} <= %s "
+        f"ORDER BY {qn('priority')} DESC, {qn('run_after')}, {qn('id')} LIMIT %s "
+        "FOR UPDATE SKIP LOCKED), "
+        f"taken AS (UPDATE {table} SET {qn('status')} = %s, {qn('owner')} = %s, "
+        f"{qn('owner_date')} = %s, {qn('attempts')} = {qn('attempts')} + 1 FROM picked "
+        f"WHERE {table}.{qn('id')} = picked.picked_id "
+        f"AND {table}.{qn('concurrency_key')} IS NULL RETURNING {reader.columns}) "
+        # One row at least, to tell how many were locked when none was taken.
+        f"SELECT taken.*, counted.n FROM (SELECT count(*) AS n FROM picked) AS counted "
+        "LEFT JOIN taken ON TRUE"
+    )
+    params = [QUEUED, queue, when, limit, CLAIMED, owner, owner_date]
+    with conn.cursor() as cursor:
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    locked = int(rows[0][-1])
+    first = reader.names.index("id")
+    jobs = [job_from_row(model, using, row[:-1], reader, conn) for row in rows if row[first]]
+    for job in jobs:
+        job.owner, job.owner_date = owner, now
+    jobs.sort(key=claim_order)
+    return jobs, locked
+
+
+def claim_order(job: Job) -> tuple[int, datetime, int]:
+    """The claim index's order, best first: priority descending, then run_after, id."""
+    return -job.priority, job.run_after, job.id

@@ -1,0 +1,67 @@
+"""PostgreSQL claims one queue in one statement (queue/claim_statement.py): lock, mark and
+read back, where it took a locking read, an UPDATE and a COMMIT. Jobs with a concurrency
+key among the rows it locks are left to the usual claim, which admits or parks them."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from django_dbqueue import enqueue, enqueue_many
+from django_dbqueue.models import ConcurrencyKey, Job
+from django_dbqueue.queue.concurrency import PARKED_UNTIL
+from tests.support import jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+S = Job.Status
+
+
+@pytest.mark.only_vendor("postgresql")
+def test_a_claim_of_one_queue_is_one_statement() -> None:
+    enqueued = enqueue_many({"task": jobs.noop, "priority": n % 3} for n in range(6))
+    table = Job._meta.db_table
+    with CaptureQueriesContext(connection) as seen:
+        claimed = Job.objects.claim("w1", batch_size=10, queues=["default"])
+    statements = [q["sql"] for q in seen.captured_queries if table in q["sql"]]
+    assert len(statements) == 1, statements
+    assert "FOR UPDATE SKIP LOCKED" in statements[0] and "RETURNING" in statements[0]
+    assert not [q for q in seen.captured_queries if q["sql"] in ("BEGIN", "COMMIT")]
+    best_first = sorted(enqueued, key=lambda job: (-job.priority, job.run_after, job.id))
+    assert [job.id for job in claimed] == [job.id for job in best_first]
+    stored = {job.id: job for job in Job.objects.all()}
+    for job in claimed:
+        row = stored[job.id]
+        assert (row.status, row.owner, row.attempts) == (S.CLAIMED, "w1", 1)
+        assert (job.status, job.owner, job.attempts) == (S.CLAIMED, "w1", 1)
+        assert job.owner_date == row.owner_date
+
+
+@pytest.mark.only_vendor("mysql", "postgresql")
+def test_keyed_jobs_among_the_locked_rows_are_admitted_or_parked() -> None:
+    first = enqueue(jobs.noop, priority=5)
+    keyed = [enqueue(jobs.noop, concurrency_key="k", priority=4) for _ in range(2)]
+    last = enqueue(jobs.noop)
+    claimed = Job.objects.claim("w1", batch_size=10, queues=["default"])
+    assert [job.id for job in claimed] == [first.id, keyed[0].id, last.id]
+    parked = Job.objects.get(pk=keyed[1].pk)
+    assert (parked.status, parked.attempts, parked.run_after) == (S.QUEUED, 0, PARKED_UNTIL)
+    assert ConcurrencyKey.objects.get(key="k").parked
+    assert Job.objects.filter(status=S.CLAIMED, owner="w1").count() == 3
+
+
+@pytest.mark.only_vendor("mysql", "postgresql")
+def test_only_keyed_jobs_are_claimed_as_before() -> None:
+    keyed = [enqueue(jobs.noop, concurrency_key="k", concurrency_limit=2) for _ in range(3)]
+    claimed = Job.objects.claim("w1", batch_size=10, queues=["default"])
+    assert [job.id for job in claimed] == [keyed[0].id, keyed[1].id]
+    assert Job.objects.claim("w2", batch_size=10, queues=["default"]) == []
+
+
+@pytest.mark.only_vendor("mysql", "postgresql")
+def test_a_claim_takes_no_more_than_its_batch_with_keys_among_the_rows() -> None:
+    enqueue(jobs.noop, concurrency_key="k", priority=1)
+    plain = [enqueue(jobs.noop) for _ in range(4)]
+    claimed = Job.objects.claim("w1", batch_size=3, queues=["default"])
+    assert len(claimed) == 3
+    assert [job.id for job in claimed[1:]] == [plain[0].id, plain[1].id]
