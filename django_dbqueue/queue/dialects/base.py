@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
 
 from django.db import models
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.utils import CursorWrapper
 
 from django_dbqueue.queue.dialects.rows import Done, Rows, insert_values, placeholders
 
@@ -139,15 +140,14 @@ class Dialect:
         return sql + " ON CONFLICT DO NOTHING" if unique else sql
 
     def insert_one(
-        self, conn: BaseDatabaseWrapper, sql: str, params: list[Any], unique: bool
+        self, cursor: CursorWrapper, sql: str, params: list[Any], unique: bool
     ) -> int | None:
         """Run :meth:`insert_one_sql`'s statement; the new id, or None when ``unique`` and
         the key was taken. The id is the cursor's ``lastrowid``, which costs nothing more."""
-        with conn.cursor() as cursor:
-            cursor.execute(sql, params)
-            if unique and cursor.rowcount == 0:  # ON CONFLICT DO NOTHING
-                return None
-            return int(cursor.lastrowid)
+        cursor.execute(sql, params)
+        if unique and cursor.rowcount == 0:  # ON CONFLICT DO NOTHING
+            return None
+        return int(cursor.lastrowid)
 
     def insert_rows(
         self,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 from django.conf import settings as django_settings
 from django.db import IntegrityError, connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.utils import CursorWrapper
 from django.db.models import CharField
 from django.db.models.expressions import RawSQL
 
@@ -93,12 +94,11 @@ class MySQL(Dialect):
         return f"INSERT INTO {table} ({columns}) VALUES ({values})"  # noqa: S608
 
     def insert_one(
-        self, conn: BaseDatabaseWrapper, sql: str, params: list[Any], unique: bool
+        self, cursor: CursorWrapper, sql: str, params: list[Any], unique: bool
     ) -> int | None:
         try:
-            with conn.cursor() as cursor:
-                cursor.execute(sql, params)
-                return int(cursor.lastrowid)
+            cursor.execute(sql, params)
+            return int(cursor.lastrowid)
         except IntegrityError:
             # The key is taken. The error rolled back this statement only, so the
             # caller's transaction goes on.

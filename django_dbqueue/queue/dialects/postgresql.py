@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.conf import settings as django_settings
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.utils import CursorWrapper
 from django.db.models import JSONField
 
 from django_dbqueue.queue.dialects.base import Dialect, DoneRows, estimate
@@ -94,12 +95,11 @@ class PostgreSQL(Dialect):
         return sql + ", pg_notify(%s, %s)" if notify else sql
 
     def insert_one(
-        self, conn: BaseDatabaseWrapper, sql: str, params: list[Any], unique: bool
+        self, cursor: CursorWrapper, sql: str, params: list[Any], unique: bool
     ) -> int | None:
-        with conn.cursor() as cursor:
-            cursor.execute(sql, params)
-            row = cursor.fetchone()
-            return None if row is None else int(row[0])
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+        return None if row is None else int(row[0])
 
     def insert_rows(
         self,
