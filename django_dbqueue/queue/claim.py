@@ -52,7 +52,9 @@ def claim(
        (re-checking the status), 3. one UPDATE by primary key, 4. COMMIT.
     Without locking reads (SQLite) all of it runs in one IMMEDIATE transaction instead.
     A claim of one queue (PostgreSQL; MariaDB/MySQL 2 ms or more away: :func:`walks_index`)
-    does 1 and 2 in one locking read along the claim index (:func:`_claim_along_index`).
+    does 1 and 2 in one locking read along the claim index (:func:`_claim_along_index`);
+    on PostgreSQL 1 to 4 are one statement for jobs without a concurrency key
+    (:mod:`.claim_statement`).
     Attempts are counted here, so a job that kills its worker still uses one up.
 
     Two claimers reading at once read the same ids, and the slower one's locking read
