@@ -11,6 +11,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.db import connection, connections
 
+from django_dbqueue.queue import claim_statement
 from tests.support import (
     CURRENT_DB,
     CURRENT_VENDOR,
@@ -85,6 +86,14 @@ def close_async_thread_connections() -> None:
     """Close the connections of the thread where ``sync_to_async`` (thread-sensitive)
     sends blocking work from code run under ``asyncio.run``."""
     asyncio.run(sync_to_async(connections.close_all, thread_sensitive=True)())
+
+
+@pytest.fixture(autouse=True)
+def claims_start_afresh() -> Iterator[None]:
+    """A queue whose claims met only keyed rows skips PostgreSQL's one-statement claim for
+    a while, per process (queue/claim_statement.py): not into the next test."""
+    yield
+    claim_statement.forget()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -12,7 +12,7 @@ from django.db import connections
 from django_dbqueue.conf import settings
 from django_dbqueue.queue import clock, ratelimits
 from django_dbqueue.queue.candidates import candidate_ids, run_after_param
-from django_dbqueue.queue.claim_statement import claim_order, claim_unkeyed
+from django_dbqueue.queue.claim_statement import claim_order, claim_unkeyed, worth_trying
 from django_dbqueue.queue.concurrency import admit, release_parked
 from django_dbqueue.queue.dialects import (
     dialect,
@@ -179,7 +179,7 @@ def _claim_along_index(
     for _ in range(3):
         now = clock.now(using)
         got: list[Job] = []
-        if one_statement:
+        if one_statement and worth_trying(using, queue):
             got, locked = claim_unkeyed(model, using, owner, batch_size, queue, now)
             if locked == len(got):
                 return Claimed(got)

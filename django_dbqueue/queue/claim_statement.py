@@ -1,12 +1,13 @@
 """A claim of one queue as one statement (PostgreSQL): lock the next rows along the claim
 index, mark them claimed and read them back, in one round trip where the locking read,
-the UPDATE and the COMMIT took three (docs/benchmarks.md, "The claim in one statement").
+the UPDATE and the COMMIT took three (docs/benchmarks.md, "2026-11-26 (fourth session)").
 
 It takes the jobs without a concurrency key. One with a key must be admitted first
 (queue/concurrency.py parks it when its key is full), so where such a job is among the
 rows it locked it leaves that row alone, and says so: :func:`claim_unkeyed` tells how
 many rows it locked, and the caller claims the keyed ones the usual way
-(queue/claim.py, ``_claim_along_index``).
+(queue/claim.py, ``_claim_along_index``). Where every row it locked had a key, the next
+claims of that queue skip it for a while (:func:`worth_trying`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,28 @@ from django_dbqueue.status import CLAIMED, QUEUED
 
 if TYPE_CHECKING:
     from django_dbqueue.models import Job
+
+
+# Claims of a queue to make the usual way after the statement took none of the rows it
+# locked (all had a concurrency key): there it only adds a round trip. Per process,
+# (alias, queue) -> claims left.
+KEYED_SKIP = 8
+_keyed: dict[tuple[str, str], int] = {}
+
+
+def worth_trying(using: str, queue: str) -> bool:
+    """Whether a claim of ``queue`` should try the statement: not for the next
+    :data:`KEYED_SKIP` claims after one whose rows all had a key."""
+    left = _keyed.get((using, queue))
+    if not left:
+        return True
+    _keyed[(using, queue)] = left - 1
+    return False
+
+
+def forget() -> None:
+    """Try the statement again at every queue's next claim (the tests)."""
+    _keyed.clear()
 
 
 def claim_unkeyed(
@@ -59,6 +82,8 @@ def claim_unkeyed(
     for job in jobs:
         job.owner, job.owner_date = owner, now
     jobs.sort(key=claim_order)
+    if locked and not jobs:
+        _keyed[(using, queue)] = KEYED_SKIP
     return jobs, locked
 
 

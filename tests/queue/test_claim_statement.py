@@ -10,6 +10,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_dbqueue import enqueue, enqueue_many
 from django_dbqueue.models import ConcurrencyKey, Job
+from django_dbqueue.queue import claim_statement
 from django_dbqueue.queue.concurrency import PARKED_UNTIL
 from tests.support import jobs
 
@@ -65,3 +66,20 @@ def test_a_claim_takes_no_more_than_its_batch_with_keys_among_the_rows() -> None
     claimed = Job.objects.claim("w1", batch_size=3, queues=["default"])
     assert len(claimed) == 3
     assert [job.id for job in claimed[1:]] == [plain[0].id, plain[1].id]
+
+
+@pytest.mark.only_vendor("postgresql")
+def test_after_a_claim_of_only_keyed_rows_the_next_claims_skip_the_statement() -> None:
+    keyed = [enqueue(jobs.noop, concurrency_key=f"k{n}") for n in range(2)]
+
+    def claim_and_count() -> tuple[list[int], int]:
+        with CaptureQueriesContext(connection) as seen:
+            got = Job.objects.claim("w1", batch_size=1, queues=["default"])
+        return [job.id for job in got], sum("RETURNING" in q["sql"] for q in seen.captured_queries)
+
+    assert claim_and_count() == ([keyed[0].id], 1), "tried, then claimed the usual way"
+    assert claim_and_count() == ([keyed[1].id], 0), "skipped"
+    for _ in range(claim_statement.KEYED_SKIP - 1):
+        assert claim_and_count() == ([], 0)
+    plain = enqueue(jobs.noop)
+    assert claim_and_count() == ([plain.id], 1), "tried again"
