@@ -138,7 +138,8 @@ def test_a_unique_insert_that_collides_is_none_and_the_transaction_goes_on() -> 
     def insert(key: str) -> int | None:
         job = build_job(jobs.noop, None, None, unique_key=key)
         sql, params = plan.one_row(job.__dict__, {}, unique=True, notify=False)
-        return speaks.insert_one(connection, sql, params, unique=True)
+        with connection.cursor() as cursor:
+            return speaks.insert_one(cursor, sql, params, unique=True)
 
     with transaction.atomic():
         first, again, other = insert("k"), insert("k"), insert("other")
