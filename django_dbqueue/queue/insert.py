@@ -71,7 +71,7 @@ class OneRowInsert:
     @contextmanager
     def cursor(self) -> Iterator[CursorWrapper]:
         """A cursor of the connection's, kept from one enqueue to the next: Django makes a
-        new one for every statement, which cost psycopg 50 us, a tenth of an enqueue. It
+        new one for every statement, which cost psycopg 50 µs, a tenth of an enqueue. It
         still runs Django's execute (wrappers, the broken-transaction check, the error
         mapping). A new one, closed after, where Django's own way does more: while
         queries are logged (DEBUG, CaptureQueriesContext), before a health check that
