@@ -121,6 +121,17 @@ def _candidates_lateral(
         return [row[0] for row in cursor.fetchall()]
 
 
+def queue_head(conn: BaseDatabaseWrapper) -> str:
+    """``WHERE`` text (without the keyword) of the first runnable jobs of one queue, best
+    first, column for column the claim index: its parameters are QUEUED, the queue,
+    :func:`run_after_param` and the limit. A locking read of it locks what it scans."""
+    qn = conn.ops.quote_name
+    return (
+        f"{qn('status')} = %s AND {qn('queue')} = %s AND {qn('run_after')} <= %s "
+        f"ORDER BY {qn('priority')} DESC, {qn('run_after')}, {qn('id')} LIMIT %s"
+    )
+
+
 def run_after_param(model: type[Job], conn: BaseDatabaseWrapper, now: datetime) -> Any:
     """``now`` as a parameter compared with ``run_after``."""
     return model._meta.get_field("run_after").get_db_prep_value(now, conn)

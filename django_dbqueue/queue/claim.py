@@ -11,7 +11,7 @@ from django.db import connections
 
 from django_dbqueue.conf import settings
 from django_dbqueue.queue import clock, ratelimits
-from django_dbqueue.queue.candidates import candidate_ids, run_after_param
+from django_dbqueue.queue.candidates import candidate_ids, queue_head, run_after_param
 from django_dbqueue.queue.claim_statement import claim_order, claim_unkeyed, worth_trying
 from django_dbqueue.queue.concurrency import admit, release_parked
 from django_dbqueue.queue.dialects import (
@@ -244,14 +244,8 @@ def _lock_next(
     best first: a locking read along the claim index, which matches it column for column
     (InnoDB locks what a locking read scans)."""
     conn = connections[using]
-    qn = conn.ops.quote_name
-    where = (
-        f"{qn('status')} = %s AND {qn('queue')} = %s AND {qn('run_after')} <= %s "
-        f"ORDER BY {qn('priority')} DESC, {qn('run_after')}, {qn('id')} LIMIT %s"
-    )
-    return _read_jobs(
-        model, using, where, [QUEUED, queue, run_after_param(model, conn, now), limit], lock
-    )
+    params = [QUEUED, queue, run_after_param(model, conn, now), limit]
+    return _read_jobs(model, using, queue_head(conn), params, lock)
 
 
 def _read_jobs(

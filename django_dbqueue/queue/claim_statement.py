@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from django.db import connections
 
-from django_dbqueue.queue.candidates import run_after_param
+from django_dbqueue.queue.candidates import queue_head, run_after_param
 from django_dbqueue.queue.reader import job_from_row, row_reader
 from django_dbqueue.status import CLAIMED, QUEUED
 
@@ -61,9 +61,7 @@ def claim_unkeyed(
     owner_date = conn.ops.adapt_datetimefield_value(now)
     sql = (
         f"WITH picked AS (SELECT {qn('id')} AS picked_id FROM {table} "  # noqa: S608
-        f"WHERE {qn('status')} = %s AND {qn('queue')} = %s AND {qn('run_after')} <= %s "
-        f"ORDER BY {qn('priority')} DESC, {qn('run_after')}, {qn('id')} LIMIT %s "
-        "FOR UPDATE SKIP LOCKED), "
+        f"WHERE {queue_head(conn)} FOR UPDATE SKIP LOCKED), "
         f"taken AS (UPDATE {table} SET {qn('status')} = %s, {qn('owner')} = %s, "
         f"{qn('owner_date')} = %s, {qn('attempts')} = {qn('attempts')} + 1 FROM picked "
         f"WHERE {table}.{qn('id')} = picked.picked_id "
