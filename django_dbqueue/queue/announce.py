@@ -82,10 +82,13 @@ class _Config(NamedTuple):
     redis_channels: dict[str, str]  # filled as names are asked for
     # alias -> the bounded client announcements are published with, and its breaker.
     publishers: dict[str, tuple[Any, CircuitBreaker]]
+    # (job database, queues) -> the key of their job announcements in _announced, as
+    # notify made it: what jobs_committed looks up before it calls notify.
+    keys: dict[tuple[str, str], tuple[str, str, str]]
 
 
 _config = PerSettings(
-    lambda: _Config(bool(settings.WAKEUP), settings.WAKEUP_REDIS_ALIAS or None, {}, {}),
+    lambda: _Config(bool(settings.WAKEUP), settings.WAKEUP_REDIS_ALIAS or None, {}, {}, {}),
     "DBQUEUE",
     "CACHES",
 )
@@ -165,17 +168,20 @@ def notify(queues: Iterable[str], channel: str = CHANNEL, using: str | None = No
     started = time.monotonic()
     try:
         if how == "postgres":
-            using = using or job_database()
-            key = (how, using, payload)
-            if channel == CHANNEL and _announced_since(key, started):
-                return
-            with connections[using].cursor() as cursor:
-                cursor.execute("SELECT pg_notify(%s, %s)", [channel, payload])
+            database = using or job_database()
+            key = (how, database, payload)
         else:
             alias, name = _config().redis_alias or "", redis_channel(channel)
             key = (how, f"{alias}:{name}", payload)
-            if channel == CHANNEL and _announced_since(key, started):
+        if channel == CHANNEL:
+            if using is not None:
+                _config().keys[using, payload] = key
+            if _announced_since(key, started):
                 return
+        if how == "postgres":
+            with connections[database].cursor() as cursor:
+                cursor.execute("SELECT pg_notify(%s, %s)", [channel, payload])
+        else:
             client, breaker = _publisher(alias)
             if not breaker.allow(started):
                 return
@@ -235,4 +241,10 @@ def jobs_committed(jobs: Sequence[Any], using: str) -> None:
         if job.run_after <= now:
             due.add(job.queue)
     if due:
+        if len(due) == 1:
+            # An enqueue in a loop: its queue was announced a moment ago. Told apart here,
+            # without notify's work (the payload, the wake-up's method, the channel).
+            key = _config().keys.get((using, next(iter(due))))
+            if key is not None and _announced_since(key, time.monotonic()):
+                return
         notify(due, using=using)

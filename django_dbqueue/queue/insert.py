@@ -82,7 +82,7 @@ class OneRowInsert:
         own = conn.queries_logged or (checks and not getattr(conn, "health_check_done", True))
         if own or kept is None or kept[1] is not conn.connection or conn.connection is None:
             self._kept = None  # one of an older connection: dropped (closing may raise)
-            cursor = conn.cursor()
+            cursor = self.dialect.one_row_cursor(conn)
             if own:
                 with cursor:
                     yield cursor

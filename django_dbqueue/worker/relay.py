@@ -44,6 +44,9 @@ __all__ = ["Ear", "Relay"]
 logger = logging.getLogger("django_dbqueue.wakeup")
 
 WAIT_SLICE = 0.25  # seconds the relay waits on its listener before it checks for a stop
+# ... where it can wait on the listener's socket and on a pipe :meth:`Relay.stop` writes
+# to at once (PostgreSQL's): stop() then ends the wait at once, and this is a safety net.
+SOCKET_SLICE = 2.0
 REOPEN_MAX = 30.0  # seconds, at most, between attempts to listen again
 
 
@@ -104,6 +107,7 @@ class Relay:
         self._pipes: list[tuple[int, int]] = []  # made by start(): a relay never run has none
         self._listener: wakeup.Listener | None = None
         self._stop = threading.Event()
+        self._stop_pipe: tuple[int, int] | None = None  # ends the thread's wait: stop()
         self._thread: threading.Thread | None = None
         self._pause = 0.0  # seconds before the next attempt to listen (0: at once)
 
@@ -118,7 +122,8 @@ class Relay:
         if not self.on:
             return
         self._pipes = [os.pipe() for _ in range(self._size)]
-        for read, write in self._pipes:
+        self._stop_pipe = os.pipe()
+        for read, write in [*self._pipes, self._stop_pipe]:
             os.set_blocking(read, False)
             os.set_blocking(write, False)
         self._open()  # before the children start, so that their first claims follow it
@@ -127,15 +132,18 @@ class Relay:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._stop_pipe is not None:
+            with contextlib.suppress(BlockingIOError):
+                os.write(self._stop_pipe[1], b"!")
         if self._thread is not None:
             self._thread.join(timeout=5)
             if self._thread.is_alive():
                 return  # stuck connecting: its pipes' numbers must not be reused under it
         self._close()
-        for read, write in self._pipes:
+        for read, write in [*self._pipes, *([self._stop_pipe] if self._stop_pipe else [])]:
             os.close(read)
             os.close(write)
-        self._pipes = []
+        self._pipes, self._stop_pipe = [], None
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -144,7 +152,7 @@ class Relay:
                 continue
             assert self._listener is not None
             try:
-                if self._listener.wait(WAIT_SLICE):
+                if self._wait(self._listener):
                     self._heard(self._listener.switched())
             except Exception as exc:
                 logger.warning(
@@ -155,6 +163,16 @@ class Relay:
                 )
                 self._close()
                 self._heard(switched=True)  # a pause may have gone unheard
+
+    def _wait(self, listener: wakeup.Listener) -> bool:
+        """Wait for ``listener`` to hear something, or for a stop; True when it heard."""
+        fileno = getattr(listener, "fileno", None)
+        if fileno is None or self._stop_pipe is None:
+            return listener.wait(WAIT_SLICE)
+        if listener.wait(0):  # what came in already: the socket may have been read
+            return True
+        select.select([fileno(), self._stop_pipe[0]], [], [], SOCKET_SLICE)
+        return not self._stop.is_set() and listener.wait(0)
 
     def _open(self) -> bool:
         """Listen (a failure is logged by wakeup.listen); True once listening."""

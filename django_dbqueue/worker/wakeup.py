@@ -98,16 +98,23 @@ class PostgresListener(_Heard):
         return any(found)
 
     def wait(self, timeout: float) -> bool:
+        """(At least one read: with ``timeout`` 0, what has come in already.)"""
         deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            if self._read(left, stop_after=1):
+        while True:
+            left = deadline - time.monotonic()
+            if self._read(max(0.0, left), stop_after=1):
                 self._read(0)  # swallow the backlog too: one claim serves them all
                 return True
-        return False
+            if left <= 0:
+                return False
 
     def switched(self) -> bool:
         self._read(0)
         return self.take_switched()
+
+    def fileno(self) -> int:
+        """The connection's socket: readable when notifications may have come."""
+        return int(self.conn.fileno())
 
     def close(self) -> None:
         self.conn.close()

@@ -16,24 +16,26 @@ from django.test.utils import CaptureQueriesContext
 
 from django_dbqueue import enqueue
 from django_dbqueue.models import Job
-from tests.support import jobs
+from django_dbqueue.queue.dialects import dialect
+from tests.support import CURRENT_VENDOR, jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @contextmanager
 def cursors_made(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
-    """The driver cursors the connection makes meanwhile."""
+    """The cursors enqueue makes meanwhile (``Dialect.one_row_cursor``: Django's own, or
+    on PostgreSQL one that binds on the server)."""
     made: list[Any] = []
-    wrapper = connections[DEFAULT_DB_ALIAS]  # the connection itself, not its proxy
-    create = wrapper.create_cursor
+    kind = type(dialect(connections[DEFAULT_DB_ALIAS]))
+    make = kind.one_row_cursor
 
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        cursor = create(*args, **kwargs)
+    def counted(self: Any, conn: Any) -> Any:
+        cursor = make(self, conn)
         made.append(cursor)
         return cursor
 
-    monkeypatch.setattr(wrapper, "create_cursor", counted)
+    monkeypatch.setattr(kind, "one_row_cursor", counted)
     yield made
 
 
@@ -70,7 +72,7 @@ def test_an_enqueue_after_the_connection_closed_reconnects(
     connection.close()
     with cursors_made(monkeypatch) as made:
         job = enqueue(jobs.noop)
-        assert made, "a cursor of the new connection"  # (MySQL's set-up makes one more)
+        assert len(made) == 1, "a cursor of the new connection"
         made.clear()
         again = enqueue(jobs.noop)
     assert made == [], "kept again"
@@ -99,3 +101,47 @@ def test_the_callers_transaction_holds_and_a_broken_one_refuses() -> None:
         with pytest.raises(TransactionManagementError):
             enqueue(jobs.noop)
     assert Job.objects.count() == 1
+
+
+@pytest.mark.skipif(CURRENT_VENDOR != "postgresql", reason="psycopg's binding: PostgreSQL")
+def test_postgresql_binds_on_the_server_and_prepares_where_the_project_allows_it() -> None:
+    """Django leaves prepared statements off (``prepare_threshold`` None, for the poolers
+    that cannot keep them): the INSERT is then not prepared. With the threshold that
+    ``OPTIONS["prepare_threshold"]`` sets, it is prepared once and used again: once in
+    each of its two forms, with and without the wake-up's ``pg_notify`` (left out while
+    the queue's last wake-up is recent: queue/announce.py)."""
+    from django.db.backends.postgresql.base import is_psycopg3
+
+    def prepared_inserts() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+                [f'INSERT INTO "{Job._meta.db_table}"%'],
+            )
+            return int(cursor.fetchone()[0])
+
+    ids = [enqueue(jobs.noop).pk for _ in range(6)]
+    assert prepared_inserts() == 0
+    assert is_psycopg3, "the extra installs psycopg 3"
+    driver = connection.connection
+    assert driver.prepare_threshold is None, "Django's default"
+    sent: list[str] = []
+
+    def record(execute: Any, sql: str, *args: Any) -> Any:
+        sent.append(sql)
+        return execute(sql, *args)
+
+    driver.prepare_threshold = 0  # prepared at its first execution
+    try:
+        with connection.execute_wrapper(record):
+            ids += [enqueue(jobs.noop, args=[n]).pk for n in range(12)]
+    finally:
+        driver.prepare_threshold = None
+    inserts = [sql for sql in sent if sql.startswith("INSERT")]  # (and pg_notify's)
+    shapes = set(inserts)
+    assert len(inserts) == 12 and 1 <= len(shapes) <= 2
+    assert prepared_inserts() == len(shapes), "each form prepared once, then used again"
+    assert Job.objects.filter(pk__in=ids).count() == 18
+    assert sorted(Job.objects.filter(pk__in=ids[6:]).values_list("args", flat=True)) == [
+        [n] for n in range(12)
+    ]

@@ -139,6 +139,10 @@ class Dialect:
         sql = f"INSERT INTO {table} ({columns}) VALUES ({values})"  # noqa: S608
         return sql + " ON CONFLICT DO NOTHING" if unique else sql
 
+    def one_row_cursor(self, conn: BaseDatabaseWrapper) -> CursorWrapper:
+        """A cursor for :meth:`insert_one`, kept from one enqueue to the next: Django's."""
+        return conn.cursor()
+
     def insert_one(
         self, cursor: CursorWrapper, sql: str, params: list[Any], unique: bool
     ) -> int | None:

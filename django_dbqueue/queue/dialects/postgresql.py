@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.conf import settings as django_settings
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.backends.utils import CursorWrapper
+from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from django.db.models import JSONField
 
 from django_dbqueue.queue.dialects.base import Dialect, DoneRows, estimate
@@ -93,6 +93,30 @@ class PostgreSQL(Dialect):
             sql += " ON CONFLICT DO NOTHING"
         sql += f" RETURNING {conn.ops.quote_name('id')}"
         return sql + ", pg_notify(%s, %s)" if notify else sql
+
+    def one_row_cursor(self, conn: BaseDatabaseWrapper) -> CursorWrapper:
+        """With psycopg 3, a cursor that binds the parameters on the server (Django's own
+        with ``OPTIONS["server_side_binding"]``), made as ``conn.cursor()`` makes one
+        (the health check, the connection, the wrapper with its execute wrappers and
+        error mapping): psycopg sends the statement and its values as they are instead
+        of quoting 18 values into a new text in Python. Where the project allows
+        prepared statements (``OPTIONS["prepare_threshold"]``, which Django leaves off
+        for the poolers that cannot keep them) the INSERT is prepared after that many
+        enqueues, and the server no longer parses and plans it each time."""
+        try:
+            import psycopg
+        except ImportError:  # psycopg2
+            return conn.cursor()
+        conn.close_if_health_check_failed()
+        conn.ensure_connection()
+        driver = conn.connection
+        if not isinstance(driver, psycopg.Connection):
+            return conn.cursor()
+        conn.validate_thread_sharing()
+        with conn.wrap_database_errors:
+            raw = psycopg.Cursor(driver)
+        wrapper = CursorDebugWrapper if conn.queries_logged else CursorWrapper
+        return wrapper(raw, conn)
 
     def insert_one(
         self, cursor: CursorWrapper, sql: str, params: list[Any], unique: bool
