@@ -61,26 +61,34 @@ def test_run_jobs_on_an_empty_database_says_to_migrate(run: Callable[..., tuple[
 
 
 def test_run_jobs_with_the_newest_migration_unapplied_says_to_migrate_then_runs(
-    run: Callable[..., tuple[int, str]],
+    processes: Processes, worker_env: Callable[..., dict[str, str]]
 ) -> None:
+    """On the test database, whose schema is complete: its newest migration's record is
+    taken away (``--fake``) and put back. (Migrating an empty database instead cost 40 s
+    on MariaDB.)"""
+    env = worker_env()
+
+    def run(*args: str) -> tuple[int, str]:
+        proc = processes.start(*args, env=env)
+        out, _ = proc.communicate(timeout=180)
+        return proc.returncode, out
+
     previous, newest = last_two_migrations()
-    assert run("migrate", "-v0") == (0, "")
-    code, out = run("run_jobs", "--burst")
-    assert code == 0, out
-    assert "Finished: 0 done, 0 failed, 0 retried" in out
     # As after upgrading django-dbqueue without running migrate: the schema is there, the
-    # newest migration is not recorded. (One full migrate serves both halves: on a server
-    # each one costs tens of seconds.)
+    # newest migration is not recorded.
     assert run("migrate", "django_dbqueue", previous, "--fake", "-v0") == (0, "")
-    code, out = run("run_jobs", "--burst")
+    try:
+        code, out = run("run_jobs", "--burst")
+    finally:
+        assert run("migrate", "django_dbqueue", "--fake", "-v0") == (0, "")
     assert code == 1
     assert out.splitlines() == [
         f"CommandError: Database 'default' has unapplied django_dbqueue migrations ({newest}): "
         "run `python manage.py migrate` first."
     ]
-    assert run("migrate", "django_dbqueue", "--fake", "-v0") == (0, "")
     code, out = run("run_jobs", "--burst")
     assert code == 0, out
+    assert "Finished: 0 done, 0 failed, 0 retried" in out
 
 
 @pytest.mark.only_vendor("mysql", "postgres")
