@@ -87,9 +87,14 @@ def install(session: nox.Session, django: str) -> None:
     )
 
 
-def pytest(session: nox.Session, db: str, *args: str, run: str = "", **env_: str) -> None:
-    """pytest under coverage. Selecting no test (exit 5) fails the run, unless arguments
-    after ``--`` narrow it (``-k claim`` selects nothing in some runs)."""
+def pytest(
+    session: nox.Session, db: str, *args: str, run: str = "", measure: bool = True, **env_: str
+) -> None:
+    """pytest, under coverage unless ``measure`` is off (the runs that repeat a subset of
+    the full runs on another cell: ``stack``, ``smoke``, ``fresh``; coverage costs the
+    tests' processes a third more CPU, and on CI's two cores every stream pays for it).
+    Selecting no test (exit 5) fails the run, unless arguments after ``--`` narrow it
+    (``-k claim`` selects nothing in some runs)."""
     data = ROOT / ".coverage-data"
     data.mkdir(exist_ok=True)
     env = {
@@ -106,10 +111,7 @@ def pytest(session: nox.Session, db: str, *args: str, run: str = "", **env_: str
     name = f"{session.name}-{db}{run and '-' + run}".translate(str.maketrans("()", "--"))
     junit = results / f"{name}.xml"
     session.run(
-        "coverage",
-        "run",
-        "-m",
-        "pytest",
+        *(["coverage", "run", "-m", "pytest"] if measure else ["pytest"]),
         "-p",
         "no:cacheprovider",
         f"--junitxml={junit}",
@@ -126,6 +128,13 @@ def selected_databases() -> list[str]:
     if unknown:
         raise SystemExit(f"DBQUEUE_TEST_DATABASES: unknown {sorted(unknown)}")
     return chosen
+
+
+def leave_to_scale() -> bool:
+    """DBQUEUE_TEST_LEAVE_TO_SCALE=1 (`make test`, whose third stream runs the ``scale``
+    session): the full runs on MariaDB and PostgreSQL leave out what that session runs on
+    its own servers (SCALE_TESTS, the replica suite), instead of running it twice."""
+    return os.environ.get("DBQUEUE_TEST_LEAVE_TO_SCALE", "") == "1"
 
 
 def restarts() -> str:
@@ -153,8 +162,15 @@ def full(session: nox.Session, django: str) -> None:
                 except nox.command.CommandFailed:
                     failed.append(f"{db} (server restarts)")
             continue
+        left_to_scale = leave_to_scale() and db != "sqlite"
+        skipped = [f"--ignore={path}" for path in SCALE_TESTS[1:]] if left_to_scale else []
         try:
-            pytest(session, db, *(["-m", "not server_restart"] if phase == "without" else []))
+            pytest(
+                session,
+                db,
+                *(["-m", "not server_restart"] if phase == "without" else []),
+                *skipped,
+            )
         except nox.command.CommandFailed:
             failed.append(db)
         # The queue's tables in a second database, behind a router (docs/databases.md):
@@ -166,7 +182,7 @@ def full(session: nox.Session, django: str) -> None:
             failed.append(f"{db} (queue in a second database)")
         # A primary and a replica lagging on purpose, started by the tests (ports 3310-3311,
         # data under DBQUEUE_REPLICA_DIR): only the replica tests run, and only this way.
-        if db == "mysql":
+        if db == "mysql" and not left_to_scale:
             try:
                 pytest(session, db, "tests/replica", run="replica", DBQUEUE_TEST_REPLICA="1")
             except nox.command.CommandFailed:
@@ -191,6 +207,7 @@ def stack(session: nox.Session, django: str) -> None:
                 db,
                 "-m",
                 "not processes and not browser and not fresh and not server_restart",
+                measure=False,
             )
         except nox.command.CommandFailed:
             failed.append(db)
@@ -211,7 +228,7 @@ def smoke(session: nox.Session, django: str) -> None:
     failed = []
     for run, args in runs:
         try:
-            pytest(session, "sqlite", *args, run=run)
+            pytest(session, "sqlite", *args, run=run, measure=False)
         except nox.command.CommandFailed:
             failed.append(" ".join(args))
     if failed:
@@ -223,7 +240,7 @@ def smoke(session: nox.Session, django: str) -> None:
 def fresh(session: nox.Session, django: str) -> None:
     """Brand-new projects with the app installed from the built wheel (SQLite)."""
     install(session, django)
-    pytest(session, "sqlite", "-m", "fresh")
+    pytest(session, "sqlite", "-m", "fresh", measure=False)
 
 
 @nox.session(python="3.11")

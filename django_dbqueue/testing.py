@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from django.db import connections
-from django.db.models.functions import Now
 
 from django_dbqueue import signals
 from django_dbqueue.conf import settings
 from django_dbqueue.exceptions import DBQueueError
 from django_dbqueue.models import Job
+from django_dbqueue.queue import clock
 from django_dbqueue.queue.pausing import paused_queues
 from django_dbqueue.registry import task_path
 from django_dbqueue.worker.executors.base import Outcome
@@ -138,9 +138,13 @@ class _Runner:
         self.errors: dict[int, BaseException] = {}
 
     def due_ids(self) -> list[int]:
+        """Due by the queue's clock, as enqueue and the claim judge it (queue/clock.py):
+        not the database's ``NOW()``, which on PostgreSQL is when the test's transaction
+        began, and is behind the clock enqueue read by up to that reading's round trip."""
+        now = clock.queue_now()
         return list(
             Job.objects.filter(
-                status=Job.Status.QUEUED, queue__in=self.queues, run_after__lte=Now()
+                status=Job.Status.QUEUED, queue__in=self.queues, run_after__lte=now
             ).values_list("id", flat=True)
         )
 

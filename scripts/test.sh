@@ -6,7 +6,8 @@
 # Django 5.2), the tests without worker processes on the other corner, the fresh projects
 # built from the wheel on both corners, the smoke suite on every other Python x Django
 # cell, the Galera suite, the scale suite (many hosts, private servers), and the coverage
-# of django_dbqueue/ over all of it.
+# of django_dbqueue/ over the full runs and the two suites (the other runs repeat parts
+# of the full runs on other cells, without coverage: noxfile.pytest).
 # A server that cannot be reached is a loud failure under CI=true, and a loud skip of
 # that database's runs otherwise.
 set -uo pipefail
@@ -155,7 +156,9 @@ fresh_old="${old_corner/full/fresh}"
 STREAMS=(one two three)
 # PostgreSQL's full run is the longest (28 minutes in the last CI simulation): the
 # SQLite stack run goes after the SQLite full run instead (stream one took 40 minutes
-# with it, stream three 30 without).
+# with it, stream three 30 without). The MariaDB and PostgreSQL full runs leave the
+# clock-skew, PgBouncer and replica tests to the scale session, which runs them on its own
+# servers (DBQUEUE_TEST_LEAVE_TO_SCALE; 3-4 minutes of the two longest streams).
 STREAM_one=("postgres:$old_corner" "postgres:${stack_sessions[0]}" "sqlite:$fresh_old")
 STREAM_two=("mysql:$new_corner" "mysql:${stack_sessions[1]}" "sqlite:${smoke_cells[*]}")
 # The Galera suite starts a 3-node cluster of its own (ports 3321-3323 and 4601-4623);
@@ -174,7 +177,7 @@ run_stream() {  # name, steps ("databases:sessions"); a database that is not rea
         for db in $dbs; do [[ " $reachable " == *" $db "* ]] && wanted="$wanted $db"; done
         [[ -z "${wanted// /}" ]] && continue
         echo "== $name: DBQUEUE_TEST_DATABASES=\"${wanted# }\" nox -R -s ${sessions[*]}"
-        DBQUEUE_TEST_DATABASES="$wanted" DBQUEUE_TEST_RESTARTS=without \
+        DBQUEUE_TEST_DATABASES="$wanted" DBQUEUE_TEST_RESTARTS=without DBQUEUE_TEST_LEAVE_TO_SCALE=1 \
             "$VENV/bin/nox" -R -s "${sessions[@]}" -- "${posargs[@]}" || status=1
     done
     return $status

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from django_dbqueue import enqueue, job
 from django_dbqueue.exceptions import RetryJob
 from django_dbqueue.models import Job
 from django_dbqueue.pytest_plugin import run_due_jobs as run_due_jobs  # the fixture
+from django_dbqueue.queue import clock
 from django_dbqueue.queue.pausing import pause
 from django_dbqueue.testing import JobOutcome, JobsTestMixin, TooManyJobs
 from testproject.models import Execution
@@ -205,6 +207,20 @@ def test_a_retry_without_delay_runs_again_only_when_following(run_due_jobs: Any)
     assert [o.status for o in run_due_jobs(follow=False)] == ["retry"]
     with pytest.raises(TooManyJobs):
         run_due_jobs(max_jobs=3)
+
+
+def test_what_is_due_is_judged_by_the_clock_enqueue_read(
+    run_due_jobs: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The queue's clock may run ahead of the server's ``NOW()`` by the round trip of its
+    reading (queue/clock.py), and on PostgreSQL ``NOW()`` is when the test's transaction
+    began: a job enqueued just now is due all the same."""
+    using = clock.job_database()
+    reading = clock.reading(using)
+    ahead = reading._replace(at=reading.at + timedelta(seconds=2))  # a slow reading
+    monkeypatch.setitem(clock._readings, using, ahead)
+    job = enqueue(add, args=[1, 2])
+    assert [(o.job_id, o.status) for o in run_due_jobs(follow=False)] == [(job.id, "done")]
 
 
 def test_an_unregistered_task_fails_at_once(run_due_jobs: Any) -> None:
