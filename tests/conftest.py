@@ -159,10 +159,13 @@ def pgbouncer_alias(transactional_db: None, pgbouncer: PgBouncer) -> Iterator[st
     """The Django alias ``pgbouncer``: this run's test database through :func:`pgbouncer`."""
     from django_dbqueue.queue.dialects import pooler
 
+    direct = connections["default"].settings_dict
     connections.settings[ALIAS] = {
-        **connections["default"].settings_dict,
+        **direct,
         "PORT": str(pgbouncer.port),
         "DISABLE_SERVER_SIDE_CURSORS": True,
+        # PgBouncer 1.18 in transaction mode keeps no prepared statement.
+        "OPTIONS": {k: v for k, v in direct["OPTIONS"].items() if k != "prepare_threshold"},
     }
     pooler.forget()
     try:

@@ -104,7 +104,9 @@ def test_the_callers_transaction_holds_and_a_broken_one_refuses() -> None:
 
 
 @pytest.mark.skipif(CURRENT_VENDOR != "postgresql", reason="psycopg's binding: PostgreSQL")
-def test_postgresql_binds_on_the_server_and_prepares_where_the_project_allows_it() -> None:
+def test_postgresql_binds_on_the_server_and_prepares_where_the_project_allows_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Django leaves prepared statements off (``prepare_threshold`` None, for the poolers
     that cannot keep them): the INSERT is then not prepared. With the threshold that
     ``OPTIONS["prepare_threshold"]`` sets, it is prepared once and used again: once in
@@ -120,6 +122,10 @@ def test_postgresql_binds_on_the_server_and_prepares_where_the_project_allows_it
             )
             return int(cursor.fetchone()[0])
 
+    # A connection of its own with Django's default (the test project prepares after 5).
+    connection.close()
+    options = {**connection.settings_dict["OPTIONS"], "prepare_threshold": None}
+    monkeypatch.setitem(connection.settings_dict, "OPTIONS", options)
     ids = [enqueue(jobs.noop).pk for _ in range(6)]
     assert prepared_inserts() == 0
     assert is_psycopg3, "the extra installs psycopg 3"
@@ -135,12 +141,12 @@ def test_postgresql_binds_on_the_server_and_prepares_where_the_project_allows_it
     try:
         with connection.execute_wrapper(record):
             ids += [enqueue(jobs.noop, args=[n]).pk for n in range(12)]
+        inserts = [sql for sql in sent if sql.startswith("INSERT")]  # (and pg_notify's)
+        shapes = set(inserts)
+        assert len(inserts) == 12 and 1 <= len(shapes) <= 2
+        assert prepared_inserts() == len(shapes), "each form prepared once, then used again"
     finally:
-        driver.prepare_threshold = None
-    inserts = [sql for sql in sent if sql.startswith("INSERT")]  # (and pg_notify's)
-    shapes = set(inserts)
-    assert len(inserts) == 12 and 1 <= len(shapes) <= 2
-    assert prepared_inserts() == len(shapes), "each form prepared once, then used again"
+        connection.close()  # the next one as the settings make it
     assert Job.objects.filter(pk__in=ids).count() == 18
     assert sorted(Job.objects.filter(pk__in=ids[6:]).values_list("args", flat=True)) == [
         [n] for n in range(12)
