@@ -45,7 +45,8 @@ logger = logging.getLogger("django_dbqueue.wakeup")
 
 WAIT_SLICE = 0.25  # seconds the relay waits on its listener before it checks for a stop
 # ... where it can wait on the listener's socket and on a pipe :meth:`Relay.stop` writes
-# to at once (PostgreSQL's): stop() then ends the wait at once, and this is a safety net.
+# to at once (PostgreSQL's, and Redis's where redis-py shows it): stop() then ends the
+# wait at once, and this is a safety net.
 SOCKET_SLICE = 2.0
 REOPEN_MAX = 30.0  # seconds, at most, between attempts to listen again
 
@@ -167,11 +168,12 @@ class Relay:
     def _wait(self, listener: wakeup.Listener) -> bool:
         """Wait for ``listener`` to hear something, or for a stop; True when it heard."""
         fileno = getattr(listener, "fileno", None)
-        if fileno is None or self._stop_pipe is None:
+        socket = None if fileno is None else fileno()
+        if socket is None or self._stop_pipe is None:
             return listener.wait(WAIT_SLICE)
         if listener.wait(0):  # what came in already: the socket may have been read
             return True
-        select.select([fileno(), self._stop_pipe[0]], [], [], SOCKET_SLICE)
+        select.select([socket, self._stop_pipe[0]], [], [], SOCKET_SLICE)
         return not self._stop.is_set() and listener.wait(0)
 
     def _open(self) -> bool:

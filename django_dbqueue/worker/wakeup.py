@@ -171,17 +171,26 @@ class RedisListener(_Heard):
             self._take(message)
 
     def wait(self, timeout: float) -> bool:
+        """(At least one read: with ``timeout`` 0, what has come in already.)"""
         deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            message = self.pubsub.get_message(timeout=left)
+        while True:
+            left = deadline - time.monotonic()
+            message = self.pubsub.get_message(timeout=max(0.0, left))
             if message is not None and self._take(message):
                 self._backlog()  # swallow the backlog too: one claim serves them all
                 return True
-        return False
+            if left <= 0:
+                return False
 
     def switched(self) -> bool:
         self._backlog()
         return self.take_switched()
+
+    def fileno(self) -> int | None:
+        """The subscription's socket, or None where this redis-py does not show it (a
+        private attribute: the relay then waits a quarter of a second at a time)."""
+        sock = getattr(self.pubsub.connection, "_sock", None)
+        return None if sock is None else int(sock.fileno())
 
     def close(self) -> None:
         self.pubsub.close()

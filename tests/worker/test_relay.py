@@ -144,23 +144,3 @@ def test_a_killed_listen_session_is_opened_again_and_children_still_get_jobs(
     out = stop(proc)
     assert out.count("wake-up listener failed") == 1, out
 
-
-def test_stop_ends_the_relays_wait_on_its_socket_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The relay thread waits on the LISTEN socket and on a pipe stop() writes to: it
-    ends at once, not after its wait runs out (an hour here: stop() gives up on a
-    thread after 5 s, and then the thread would still be alive)."""
-    from django_dbqueue.worker import relay as relay_module
-    from django_dbqueue.worker.relay import Relay
-
-    monkeypatch.setattr(relay_module, "SOCKET_SLICE", 3600.0)
-    relay = Relay(["default"], 1)
-    relay.start()
-    thread = relay._thread
-    assert thread is not None and relay._listener is not None
-    ear = relay.ear(0)
-    assert ear is not None
-    enqueue(jobs.noop)  # heard through the socket, then the wait starts again
-    assert ear.wait(WOKEN_WITHIN)
-    relay.stop()
-    assert not thread.is_alive()
-    assert relay._listener is None and listen_sessions() == []

@@ -87,3 +87,24 @@ def test_where_workers_poll_there_is_no_relay() -> None:
     with relayed("default", WAKEUP=False) as relay:
         assert not relay.on
         assert relay.ear(0) is None
+
+
+def test_stop_ends_the_relays_wait_on_its_socket_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The relay thread waits on its listener's socket (the LISTEN connection's, the Redis
+    subscription's) and on a pipe stop() writes to: it ends at once, not when its wait
+    runs out (an hour here: stop() gives up on a thread after 5 s, which would then still
+    be alive)."""
+    from django_dbqueue.worker import relay as relay_module
+
+    monkeypatch.setattr(relay_module, "SOCKET_SLICE", 3600.0)
+    with relayed("default", children=1) as relay:
+        thread, listener = relay._thread, relay._listener
+        assert thread is not None and listener is not None
+        assert getattr(listener, "fileno", lambda: None)() is not None, "a socket to wait on"
+        ear = relay.ear(0)
+        assert ear is not None
+        enqueue(jobs.noop)  # heard through the socket; then the thread waits again
+        assert ear.wait(10.0)
+        relay.stop()
+        assert not thread.is_alive()
+        assert relay._listener is None
