@@ -225,7 +225,8 @@ def on_queues_switched(sender: Any, queues: list[str], **kwargs: Any) -> None:
 def jobs_committed(jobs: Sequence[Any], using: str) -> None:
     """Announce jobs of the job database ``using`` whose transaction has just committed
     (enqueue calls it on commit, before sending ``jobs_enqueued``)."""
-    if not _config().wakeup:
+    config = _config()
+    if not config.wakeup:
         return
     now = None
     due = set()
@@ -244,7 +245,7 @@ def jobs_committed(jobs: Sequence[Any], using: str) -> None:
         if len(due) == 1:
             # An enqueue in a loop: its queue was announced a moment ago. Told apart here,
             # without notify's work (the payload, the wake-up's method, the channel).
-            key = _config().keys.get((using, next(iter(due))))
+            key = config.keys.get((using, next(iter(due))))
             if key is not None and _announced_since(key, time.monotonic()):
                 return
         notify(due, using=using)
