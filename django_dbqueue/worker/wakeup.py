@@ -98,15 +98,14 @@ class PostgresListener(_Heard):
         return any(found)
 
     def wait(self, timeout: float) -> bool:
-        """(At least one read: with ``timeout`` 0, what has come in already.)"""
+        """(With ``timeout`` 0, or once it has run out: everything that came in already,
+        other queues' announcements included, is read.)"""
         deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if self._read(max(0.0, left), stop_after=1):
+        while (left := deadline - time.monotonic()) > 0:
+            if self._read(left, stop_after=1):
                 self._read(0)  # swallow the backlog too: one claim serves them all
                 return True
-            if left <= 0:
-                return False
+        return self._read(0)
 
     def switched(self) -> bool:
         self._read(0)
@@ -171,15 +170,17 @@ class RedisListener(_Heard):
             self._take(message)
 
     def wait(self, timeout: float) -> bool:
-        """(At least one read: with ``timeout`` 0, what has come in already.)"""
+        """(With ``timeout`` 0, or once it has run out: everything that came in already,
+        other queues' announcements included, is read.)"""
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
             message = self.pubsub.get_message(timeout=max(0.0, left))
-            if message is not None and self._take(message):
-                self._backlog()  # swallow the backlog too: one claim serves them all
-                return True
-            if left <= 0:
+            if message is not None:
+                if self._take(message):
+                    self._backlog()  # swallow the backlog too: one claim serves them all
+                    return True
+            elif left <= 0:
                 return False
 
     def switched(self) -> bool:

@@ -4,6 +4,7 @@ relays what it hears (worker/relay.py). Real run_jobs processes on PostgreSQL.""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import time
@@ -144,3 +145,23 @@ def test_a_killed_listen_session_is_opened_again_and_children_still_get_jobs(
     out = stop(proc)
     assert out.count("wake-up listener failed") == 1, out
 
+
+
+def test_a_read_without_waiting_finds_our_queue_behind_another_ones() -> None:
+    """The relay reads what came in without waiting (``wait(0)``) before it waits on the
+    socket again: that read must take every notification in, not none (a wait of 0 s
+    read nothing before) and not only another queue's, or ours would sit unread until
+    the socket stirs again. (tests/worker/test_wakeup.py has Redis's.)"""
+    from django_dbqueue.queue.announce import CHANNEL
+    from django_dbqueue.worker import wakeup
+
+    listener = wakeup.listen(["default"])
+    assert isinstance(listener, wakeup.PostgresListener)
+    try:
+        with connection.cursor() as cursor:  # both delivered at the one commit
+            cursor.execute("SELECT pg_notify(%s, 'other'), pg_notify(%s, 'default')", [CHANNEL] * 2)
+        ready, _, _ = select.select([listener.fileno()], [], [], 30)
+        assert ready
+        assert listener.wait(0)
+    finally:
+        listener.close()

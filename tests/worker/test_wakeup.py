@@ -291,3 +291,25 @@ def test_a_worker_that_heard_an_announcement_claims_again_a_window_later() -> No
             assert time.monotonic() >= heard + 0.5
         finally:
             worker.listening.close()
+
+
+def test_a_redis_read_without_waiting_takes_every_message_in() -> None:
+    """redis-py hands out one message a call, from what it has read off the socket: a
+    read that does not wait (the relay's, before it waits on the socket again) goes on
+    until none is left, or a message of ours behind another queue's would sit there
+    unread, with the socket quiet. (tests/worker/test_relay.py has PostgreSQL's.)"""
+
+    class ReadAlready:
+        def __init__(self, *payloads: str) -> None:
+            self.messages = [{"type": "message", "channel": "c", "data": p} for p in payloads]
+
+        def get_message(self, timeout: float = 0.0) -> dict[str, str] | None:
+            return self.messages.pop(0) if self.messages else None
+
+    listener = wakeup.RedisListener.__new__(wakeup.RedisListener)
+    wakeup._Heard.__init__(listener, ["default"])
+    listener.names = {"c": announce.CHANNEL}
+    listener.pubsub = ReadAlready("other", "emails", "default")
+    assert listener.wait(0)
+    listener.pubsub = ReadAlready("other")
+    assert not listener.wait(0)
