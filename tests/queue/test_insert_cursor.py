@@ -17,7 +17,7 @@ from django.test.utils import CaptureQueriesContext
 from django_dbqueue import enqueue
 from django_dbqueue.models import Job
 from django_dbqueue.queue.dialects import dialect
-from tests.support import CURRENT_VENDOR, jobs
+from tests.support import jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -103,7 +103,7 @@ def test_the_callers_transaction_holds_and_a_broken_one_refuses() -> None:
     assert Job.objects.count() == 1
 
 
-@pytest.mark.skipif(CURRENT_VENDOR != "postgresql", reason="psycopg's binding: PostgreSQL")
+@pytest.mark.only_vendor("postgresql")  # psycopg's binding
 def test_postgresql_binds_on_the_server_and_prepares_where_the_project_allows_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
