@@ -92,7 +92,8 @@ def pytest(
 ) -> None:
     """pytest, under coverage unless ``measure`` is off (the runs that repeat a subset of
     the full runs on another cell: ``stack``, ``smoke``, ``fresh``; coverage costs the
-    tests' processes a third more CPU, and on CI's two cores every stream pays for it).
+    tests' processes a quarter to half more CPU, and on CI's two cores every stream pays
+    for it: README, "Running the tests").
     Selecting no test (exit 5) fails the run, unless arguments after ``--`` narrow it
     (``-k claim`` selects nothing in some runs)."""
     data = ROOT / ".coverage-data"
@@ -100,6 +101,8 @@ def pytest(
     env = {
         "DBQUEUE_DB": db,
         "COVERAGE_FILE": str(data / ".coverage"),
+        # sys.monitoring, where there is one (3.12+): the cheaper tracer (setup.cfg).
+        **({} if session.python == "3.11" else {"COVERAGE_CORE": "sysmon"}),
         # Two runs at once (parallel checkouts, `make test`'s two streams) must not share
         # a test database (nor, through testproject's settings, a Redis key prefix).
         "DBQUEUE_TEST_DB_NAME": os.environ.get("DBQUEUE_TEST_DB_NAME")

@@ -225,7 +225,7 @@ say "Coverage of django_dbqueue/ (every run and the worker processes they starte
 if "$VENV/bin/coverage" combine -q --data-file=.coverage-data/.coverage .coverage-data/ 2>/dev/null; then
     "$VENV/bin/coverage" report --data-file=.coverage-data/.coverage >test-results/coverage.txt
     grep -E "^(Name|TOTAL)" test-results/coverage.txt
-    echo "(per module: test-results/coverage.txt; branches count; .venv/bin/coverage html --data-file=.coverage-data/.coverage for a browsable report)"
+    echo "(per module: test-results/coverage.txt; lines, not branches: setup.cfg; .venv/bin/coverage html --data-file=.coverage-data/.coverage for a browsable report)"
 else
     loud "no coverage data was written"
     status=1
