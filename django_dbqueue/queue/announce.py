@@ -175,7 +175,10 @@ def notify(queues: Iterable[str], channel: str = CHANNEL, using: str | None = No
             key = (how, f"{alias}:{name}", payload)
         if channel == CHANNEL:
             if using is not None:
-                _config().keys[using, payload] = key
+                keys = _config().keys
+                if len(keys) >= 1024:  # as _announced: only odd callers get here
+                    keys.clear()
+                keys[using, payload] = key
             if _announced_since(key, started):
                 return
         if how == "postgres":
