@@ -133,11 +133,15 @@ def selected_databases() -> list[str]:
     return chosen
 
 
-def leave_to_scale() -> bool:
+def left_to_scale(db: str) -> list[str]:
     """DBQUEUE_TEST_LEAVE_TO_SCALE=1 (`make test`, whose third stream runs the ``scale``
-    session): the full runs on MariaDB and PostgreSQL leave out what that session runs on
-    its own servers (SCALE_TESTS, the replica suite), instead of running it twice."""
-    return os.environ.get("DBQUEUE_TEST_LEAVE_TO_SCALE", "") == "1"
+    session): the full and stack runs on MariaDB and PostgreSQL leave out what that
+    session runs on its own servers (SCALE_TESTS, and in `full` the replica suite),
+    instead of running it twice. The pytest arguments that leave them out (a truthy
+    list: leave the replica suite out too)."""
+    if db == "sqlite" or os.environ.get("DBQUEUE_TEST_LEAVE_TO_SCALE", "") != "1":
+        return []
+    return [f"--ignore={path}" for path in SCALE_TESTS[1:]]
 
 
 def restarts() -> str:
@@ -165,14 +169,12 @@ def full(session: nox.Session, django: str) -> None:
                 except nox.command.CommandFailed:
                     failed.append(f"{db} (server restarts)")
             continue
-        left_to_scale = leave_to_scale() and db != "sqlite"
-        skipped = [f"--ignore={path}" for path in SCALE_TESTS[1:]] if left_to_scale else []
         try:
             pytest(
                 session,
                 db,
                 *(["-m", "not server_restart"] if phase == "without" else []),
-                *skipped,
+                *left_to_scale(db),
             )
         except nox.command.CommandFailed:
             failed.append(db)
@@ -185,7 +187,7 @@ def full(session: nox.Session, django: str) -> None:
             failed.append(f"{db} (queue in a second database)")
         # A primary and a replica lagging on purpose, started by the tests (ports 3310-3311,
         # data under DBQUEUE_REPLICA_DIR): only the replica tests run, and only this way.
-        if db == "mysql" and not left_to_scale:
+        if db == "mysql" and not left_to_scale(db):
             try:
                 pytest(session, db, "tests/replica", run="replica", DBQUEUE_TEST_REPLICA="1")
             except nox.command.CommandFailed:
@@ -210,6 +212,7 @@ def stack(session: nox.Session, django: str) -> None:
                 db,
                 "-m",
                 "not processes and not browser and not fresh and not server_restart",
+                *left_to_scale(db),
                 measure=False,
             )
         except nox.command.CommandFailed:

@@ -156,9 +156,9 @@ fresh_old="${old_corner/full/fresh}"
 STREAMS=(one two three)
 # PostgreSQL's full run is the longest (28 minutes in the last CI simulation): the
 # SQLite stack run goes after the SQLite full run instead (stream one took 40 minutes
-# with it, stream three 30 without). The MariaDB and PostgreSQL full runs leave the
-# clock-skew, PgBouncer and replica tests to the scale session, which runs them on its own
-# servers (DBQUEUE_TEST_LEAVE_TO_SCALE; 3-4 minutes of the two longest streams).
+# with it, stream three 30 without). The MariaDB and PostgreSQL full and stack runs leave
+# the clock-skew, PgBouncer and replica tests to the scale session, which runs them on its
+# own servers (DBQUEUE_TEST_LEAVE_TO_SCALE; 3-4 minutes of the two longest streams).
 STREAM_one=("postgres:$old_corner" "postgres:${stack_sessions[0]}" "sqlite:$fresh_old")
 STREAM_two=("mysql:$new_corner" "mysql:${stack_sessions[1]}" "sqlite:${smoke_cells[*]}")
 # The Galera suite starts a 3-node cluster of its own (ports 3321-3323 and 4601-4623);
