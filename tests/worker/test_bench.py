@@ -94,16 +94,17 @@ def test_raw_loops_do_the_queues_work_with_the_driver_alone() -> None:
 
 
 @pytest.mark.only_vendor("mysql", "postgresql")
-def test_simple_drain_takes_every_job_exactly_once_in_every_process() -> None:
+def test_simple_drain_takes_every_job_exactly_once_between_its_processes() -> None:
     from django_dbqueue.bench import baseline
 
     drained = baseline.simple_drain(3000, 2, 100, "default")
     assert drained.per_s > 0
     # Every job done, and the two processes took 3000 between them: none took a job
-    # another one took (a job taken twice would count twice).
+    # another one took (a job taken twice would count twice). How they shared them is
+    # the scheduler's: on a loaded machine one took all 3000 before the other's first
+    # claim (CI simulation).
     assert Job.objects.filter(status=Job.Status.DONE).count() == 3000
-    assert sum(drained.taken) == 3000
-    assert len(drained.taken) == 2 and all(taken > 0 for taken in drained.taken), drained.taken
+    assert len(drained.taken) == 2 and sum(drained.taken) == 3000, drained.taken
     # The simplest claim writes the status alone: no owner, no attempt counted.
     assert not Job.objects.exclude(owner="").exists()
     assert not Job.objects.exclude(attempts=0).exists()
