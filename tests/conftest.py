@@ -46,6 +46,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = keep
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failed test's report shows the stacks of the worker processes it left running
+    (a stop that timed out, say), taken before the fixture kills them."""
+    report = yield
+    procs = getattr(item, "funcargs", {}).get("processes")
+    if report.when == "call" and report.failed and isinstance(procs, Processes):
+        stacks = procs.stacks()
+        if stacks:
+            report.sections.append(("stacks of the processes left running", stacks))
+    return report
+
+
 @pytest.fixture
 def vendor() -> str:
     return connection.vendor

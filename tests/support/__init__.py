@@ -51,6 +51,10 @@ class Processes:
     def run_jobs(self, *args: str, env: dict[str, str]) -> subprocess.Popen[str]:
         return self.start("run_jobs", *args, env=env)
 
+    def stacks(self) -> str:
+        """The stacks of the processes still running (see :func:`process_stacks`)."""
+        return "\n".join(process_stacks(p.pid) for p in self.started if p.poll() is None)
+
     def kill_all(self) -> None:
         for proc in self.started:
             if proc.poll() is None:
@@ -58,6 +62,39 @@ class Processes:
             proc.wait(timeout=30)
             if proc.stdout:
                 proc.stdout.close()
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid``'s children, grandchildren and so on, as /proc lists them now."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            children = Path(f"/proc/{pid}/task/{task}/children").read_text().split()
+        except OSError:
+            continue
+        for child in map(int, children):
+            found += [child, *descendants(child)]
+    return found
+
+
+def process_stacks(pid: int) -> str:
+    """Every thread's Python stack of ``pid`` and its descendants (``py-spy dump``, from
+    the test extra), to show where a process that should have ended is."""
+    spy = Path(sys.executable).with_name("py-spy")
+    parts = []
+    for each in [pid, *descendants(pid)]:
+        try:
+            done = subprocess.run(
+                [str(spy), "dump", "--pid", str(each)], capture_output=True, text=True, timeout=30
+            )
+            parts.append(f"--- stacks of {each}\n{done.stdout}{done.stderr}")
+        except (OSError, subprocess.TimeoutExpired) as error:
+            parts.append(f"--- stacks of {each}: {error!r}")
+    return "\n".join(parts)
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 60.0, interval: float = 0.05) -> Any:
