@@ -1,10 +1,10 @@
 """Counting in a worker process, cheaply: per-thread tallies, and the flush that adds
 them to prometheus_client's values (memory-mapped files in multiprocess mode).
 
-Counting takes no lock: a job costs an append when its call starts and one when it ends
-(:meth:`Tally.began`, :meth:`Tally.ended`, told by :mod:`.hooks`); its run and wait
-times are observed by the flush. :class:`Tally` writes what the counts gained since its
-last look: once a second from a thread of a child, or at once in the supervisor.
+Counting takes no lock: a job's start and end (:meth:`Tally.began`, :meth:`Tally.ended`,
+told by :mod:`.hooks`) update its thread's own counts and buckets. :class:`Tally` writes
+what the counts gained since its last look: once a second from a thread of a child, or
+at once in the supervisor.
 :mod:`.metrics` feeds it from the signals and :mod:`.hooks`.
 """
 
@@ -13,11 +13,12 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_left
+from collections import Counter as CollectionsCounter
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from multiprocessing import util as mp_util
+from operator import attrgetter
 from time import monotonic
 from typing import Any
 
@@ -29,6 +30,7 @@ from django_dbqueue.models import Job
 RUN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 OUTCOMES = ("done", "failed", "retried", "cancelled", "died")
+_QUEUE_TASK = attrgetter("queue", "task")
 FLUSH_INTERVAL = 1.0  # seconds a child's counts may wait before they can be scraped
 CONFLICT_PLACES = ("claim", "record", "heartbeat", "supervisor")  # conflict_retried's where
 
@@ -105,54 +107,99 @@ class WorkerMetrics:
         )
 
 
+class Counts:
+    """One thread's counts since its process began counting: only that thread writes
+    them, and only upwards, so :meth:`Tally.flush` (another thread) adds what each grew
+    by since its last look, with no lock on the job's path."""
+
+    __slots__ = ("retried", "started", "times")
+
+    def __init__(self) -> None:
+        self.started: dict[str, int] = {}  # queue -> jobs whose call started
+        # (queue, task) -> [run time sum, a count per run bucket, wait time sum, a count
+        # per wait bucket]: a histogram pair's values (Tally.wait_at). The run buckets
+        # add up to the jobs whose call ended.
+        self.times: dict[tuple[str, str], list[float]] = {}
+        self.retried: dict[tuple[str, str], int] = {}  # RetryJob deferrals
+
+
 class Tally:
-    """What this process counted since its last flush, as events in deques: appending
-    to a deque is atomic, so the threads of a child count with no lock, and a job costs
-    two appends (:meth:`began`, :meth:`ended`). The sums, buckets and labelled values are
-    worked out by :meth:`flush`: from a thread of the child once every :data:`FLUSH_INTERVAL`, and
-    when the child exits normally; the supervisor (which counts only deaths and kills)
-    flushes at once."""
+    """What this process counted: a job's start and end go into its thread's
+    :class:`Counts` (a few dictionary and list updates); batches, outcomes, claims and
+    conflicts are appended to deques (appending is atomic, so threads need no lock).
+    :meth:`flush` adds what was counted since its last look to prometheus_client's
+    values: from a thread of the child once every :data:`FLUSH_INTERVAL`, and when the
+    child exits normally; the supervisor (which counts only deaths and kills) flushes at
+    once."""
 
     def __init__(self, metrics: WorkerMetrics) -> None:
         self.metrics = metrics
         self.run_bounds = tuple(metrics.run_seconds._upper_bounds)
         self.wait_bounds = tuple(metrics.wait_seconds._upper_bounds)
+        # A times list: the run's sum and buckets (the last +Inf), the wait's from here.
+        self.wait_at = 1 + len(self.run_bounds)
+        self.shortest = self.run_bounds[0]  # most jobs' bucket, found without bisecting
+        self.times_size = self.wait_at + 1 + len(self.wait_bounds)
         self.write_through = True
         self._start()
 
     def _start(self) -> None:
-        self.lock = threading.Lock()  # one flush at a time
-        self.begun: deque[str] = deque()  # the queue of each job started
-        # Each job ended: (queue, task, run_after, monotonic start and end, deferred by
-        # RetryJob). Not the Job: kept alive until the flush, jobs would outlive the
-        # garbage collector's young generations and make its full collections slower.
-        self.calls: deque[tuple[str, str, datetime, float, float, bool]] = deque()
+        self.lock = threading.Lock()  # one flush at a time, and the list of Counts
+        # Wall-clock time less monotonic time, as of the last flush (a change of the
+        # clock since then is noise to a wait time).
+        self.to_wall = time.time() - monotonic()
+        self.local = threading.local()
+        self.counts: list[Counts] = []  # every thread's
+        # What each Counts held at the last flush, by id(): the flush adds the growth.
+        self.seen: dict[int, Counts] = {}
+        self.batches: deque[CollectionsCounter[tuple[str, str]]] = deque()  # done, a write
         self.outcomes: deque[tuple[str, str, str]] = deque()  # (queue, task, outcome)
-        self.batches: deque[dict[tuple[str, str, str], int]] = deque()  # done, per write
         self.claims: deque[bool] = deque()  # whether each claim took a job
         self.conflicts: deque[str] = deque()  # where each retried conflict happened
-        self.running: dict[str, int] = {}  # queue -> jobs running, as of the last flush
         self.children: dict[tuple[Any, tuple[str, ...]], Any] = {}  # labelled metrics
 
+    def _mine(self) -> Counts:
+        """This thread's Counts (made on its first job)."""
+        try:
+            found: Counts = self.local.counts
+        except AttributeError:
+            found = self.local.counts = Counts()
+            with self.lock:
+                self.counts.append(found)
+        return found
+
     def began(self, job: Job) -> float:
-        """A job's call starts (the hooks' timer, :mod:`.hooks`): one append."""
-        self.begun.append(job.queue)
+        """A job's call starts (the hooks' timer, :mod:`.hooks`)."""
+        started = self._mine().started
+        queue = job.queue
+        started[queue] = started.get(queue, 0) + 1
         return monotonic()
 
     def ended(self, job: Job, began: float, deferred: bool) -> None:
-        """Its call ended (``deferred``: by RetryJob): one append; the flush does the rest."""
-        self.calls.append((job.queue, job.task, job.run_after, began, monotonic(), deferred))
+        """Its call ended (``deferred``: by RetryJob): its run and wait times go into
+        their buckets (``bisect_left``: the first bucket whose ``le`` is at least it)."""
+        ran = monotonic() - began
+        counts = self._mine()
+        key = (job.queue, job.task)
+        times = counts.times.get(key)
+        if times is None:
+            times = counts.times[key] = [0.0] * self.times_size
+        waited = began + self.to_wall - job.run_after.timestamp()
+        waited = waited if waited > 0.0 else 0.0
+        times[0] += ran
+        times[1 if ran <= self.shortest else 1 + bisect_left(self.run_bounds, ran)] += 1
+        wait_at = self.wait_at
+        times[wait_at] += waited
+        times[wait_at + 1 + bisect_left(self.wait_bounds, waited)] += 1
+        if deferred:  # a RetryJob deferral, which no signal reports
+            counts.retried[key] = counts.retried.get(key, 0) + 1
         if self.write_through:
             self.flush()
 
     def done(self, jobs: Sequence[Job]) -> None:
-        """Jobs a batched write recorded DONE (:func:`.hooks.done`): counted here, one
-        append for the batch."""
-        counts: dict[tuple[str, str, str], int] = {}
-        for job in jobs:
-            key = (job.queue, job.task, "done")
-            counts[key] = counts.get(key, 0) + 1
-        self.batches.append(counts)
+        """Jobs a batched write recorded DONE (:func:`.hooks.done`): counted here (in C,
+        by ``collections.Counter``), one append for the batch."""
+        self.batches.append(CollectionsCounter(map(_QUEUE_TASK, jobs)))
         if self.write_through:
             self.flush()
 
@@ -173,21 +220,17 @@ class Tally:
 
     def flush(self) -> None:
         with self.lock:
-            metrics, running = self.metrics, self.running
+            metrics = self.metrics
+            self.to_wall = time.time() - monotonic()
             finished: dict[tuple[str, str, str], int] = {}
             for _ in range(len(self.outcomes)):
                 key = self.outcomes.popleft()
                 finished[key] = finished.get(key, 0) + 1
             for _ in range(len(self.batches)):
-                for key, count in self.batches.popleft().items():
+                for (queue, task), count in self.batches.popleft().items():
+                    key = (queue, task, "done")
                     finished[key] = finished.get(key, 0) + count
-            # The ends counted before the starts: every job among them has its start
-            # (appended first, by the same thread) among the starts read after.
-            ends = len(self.calls)
-            for _ in range(len(self.begun)):
-                queue = self.begun.popleft()
-                running[queue] = running.get(queue, 0) + 1
-            self._observe(ends, finished)
+            running = self._add_times(finished)
             for key, count in finished.items():
                 self._child(metrics.finished, key).inc(count)
             for queue, count in running.items():
@@ -200,41 +243,46 @@ class Tally:
             for _ in range(len(self.conflicts)):
                 self._child(metrics.conflicts, (self.conflicts.popleft(),)).inc()
 
-    def _observe(self, ends: int, finished: dict[tuple[str, str, str], int]) -> None:
-        """The first ``ends`` ended jobs: their run and wait times, added per bucket
-        (for each (queue, task): the run's sum and bucket counts, then the wait's)."""
-        sums: dict[tuple[str, str], tuple[list[float], list[float]]] = {}
-        run_bounds, wait_bounds, running = self.run_bounds, self.wait_bounds, self.running
-        pop = self.calls.popleft
-        # Wall-clock time of a monotonic instant (a second's clock change is noise here).
-        to_wall = time.time() - time.monotonic()
-        for _ in range(ends):
-            queue, task, run_after, began, ended, deferred = pop()
-            key = (queue, task)
-            both = sums.get(key)
-            if both is None:
-                both = sums[key] = ([0.0] * (len(run_bounds) + 1), [0.0] * (len(wait_bounds) + 1))
-            runs, waits = both
-            ran = ended - began
-            waited = max(0.0, began + to_wall - run_after.timestamp())
-            runs[0] += ran
-            runs[1 + bisect_left(run_bounds, ran)] += 1  # the first bucket with le >= it
-            waits[0] += waited
-            waits[1 + bisect_left(wait_bounds, waited)] += 1
-            running[queue] -= 1
-            if deferred:  # a RetryJob deferral, which no signal reports
-                outcome = (queue, task, "retried")
-                finished[outcome] = finished.get(outcome, 0) + 1
-        for key, (runs, waits) in sums.items():
-            self._add(self._child(self.metrics.run_seconds, key), runs)
-            self._add(self._child(self.metrics.wait_seconds, key), waits)
+    def _add_times(self, finished: dict[tuple[str, str, str], int]) -> dict[str, int]:
+        """Add every thread's run and wait times and RetryJob deferrals grown since the
+        last flush; return the jobs running now, by queue. Copies are taken in C (the
+        dictionaries' and lists' own copy), which no thread switch interrupts."""
+        sums: dict[tuple[str, str], list[float]] = {}
+        running: dict[str, int] = {}
+        wait_at = self.wait_at
+        for counts in self.counts:
+            # Ends before starts: a job among the ends has its start among the starts.
+            times = {key: values[:] for key, values in list(counts.times.items())}
+            started, retried = dict(counts.started), dict(counts.retried)
+            last = self.seen.get(id(counts))
+            for queue, count in started.items():
+                running[queue] = running.get(queue, 0) + count
+            for (queue, _), values in times.items():
+                running[queue] -= int(sum(values[1:wait_at]))
+            for key, values in times.items():
+                before = last.times.get(key) if last is not None else None
+                total = sums.setdefault(key, [0.0] * len(values))
+                for i, value in enumerate(values):
+                    total[i] += value - (before[i] if before is not None else 0.0)
+            for key, count in retried.items():
+                grown = count - (last.retried.get(key, 0) if last is not None else 0)
+                if grown:
+                    outcome = (*key, "retried")
+                    finished[outcome] = finished.get(outcome, 0) + grown
+            snapshot = self.seen[id(counts)] = Counts()
+            snapshot.times, snapshot.retried = times, retried
+        for key, total in sums.items():
+            self._add(self._child(self.metrics.run_seconds, key), total[:wait_at])
+            self._add(self._child(self.metrics.wait_seconds, key), total[wait_at:])
+        return running
 
     @staticmethod
     def _add(child: Any, sums: list[float]) -> None:
         """Add many observations at once: what ``observe`` writes, per bucket (the values
         behind a histogram: its sum and one count per bucket, as prometheus_client keeps
         them since its first releases; the process tests read them back)."""
-        child._sum.inc(sums[0])
+        if sums[0]:
+            child._sum.inc(sums[0])
         for bucket, count in zip(child._buckets, sums[1:], strict=True):
             if count:
                 bucket.inc(count)

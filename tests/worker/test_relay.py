@@ -146,7 +146,6 @@ def test_a_killed_listen_session_is_opened_again_and_children_still_get_jobs(
     assert out.count("wake-up listener failed") == 1, out
 
 
-
 def test_a_read_without_waiting_finds_our_queue_behind_another_ones() -> None:
     """The relay reads what came in without waiting (``wait(0)``) before it waits on the
     socket again: that read must take every notification in, not none (a wait of 0 s
