@@ -258,7 +258,7 @@ class Tally:
             for queue, count in started.items():
                 running[queue] = running.get(queue, 0) + count
             for (queue, _), values in times.items():
-                running[queue] -= int(sum(values[1:wait_at]))
+                running[queue] = running.get(queue, 0) - int(sum(values[1:wait_at]))
             for key, values in times.items():
                 before = last.times.get(key) if last is not None else None
                 total = sums.setdefault(key, [0.0] * len(values))
