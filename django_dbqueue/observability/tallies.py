@@ -107,6 +107,10 @@ class WorkerMetrics:
         )
 
 
+Times = dict[tuple[str, str], list[float]]  # (queue, task) -> a histogram pair's values
+Deferrals = dict[tuple[str, str], int]  # (queue, task) -> RetryJob deferrals
+
+
 class Counts:
     """One thread's counts since its process began counting: only that thread writes
     them, and only upwards, so :meth:`Tally.flush` (another thread) adds what each grew
@@ -119,8 +123,8 @@ class Counts:
         # (queue, task) -> [run time sum, a count per run bucket, wait time sum, a count
         # per wait bucket]: a histogram pair's values (Tally.wait_at). The run buckets
         # add up to the jobs whose call ended.
-        self.times: dict[tuple[str, str], list[float]] = {}
-        self.retried: dict[tuple[str, str], int] = {}  # RetryJob deferrals
+        self.times: Times = {}
+        self.retried: Deferrals = {}  # RetryJob deferrals
 
 
 class Tally:
@@ -150,8 +154,9 @@ class Tally:
         self.to_wall = time.time() - monotonic()
         self.local = threading.local()
         self.counts: list[Counts] = []  # every thread's
-        # What each Counts held at the last flush, by id(): the flush adds the growth.
-        self.seen: dict[int, Counts] = {}
+        # What each Counts' times and deferrals were at the last flush: the flush adds
+        # the growth since.
+        self.seen: dict[Counts, tuple[Times, Deferrals]] = {}
         self.batches: deque[CollectionsCounter[tuple[str, str]]] = deque()  # done, a write
         self.outcomes: deque[tuple[str, str, str]] = deque()  # (queue, task, outcome)
         self.claims: deque[bool] = deque()  # whether each claim took a job
@@ -254,23 +259,22 @@ class Tally:
             # Ends before starts: a job among the ends has its start among the starts.
             times = {key: values[:] for key, values in list(counts.times.items())}
             started, retried = dict(counts.started), dict(counts.retried)
-            last = self.seen.get(id(counts))
+            last_times, last_retried = self.seen.get(counts, ({}, {}))
             for queue, count in started.items():
                 running[queue] = running.get(queue, 0) + count
             for (queue, _), values in times.items():
                 running[queue] = running.get(queue, 0) - int(sum(values[1:wait_at]))
             for key, values in times.items():
-                before = last.times.get(key) if last is not None else None
+                before = last_times.get(key)
                 total = sums.setdefault(key, [0.0] * len(values))
                 for i, value in enumerate(values):
                     total[i] += value - (before[i] if before is not None else 0.0)
             for key, count in retried.items():
-                grown = count - (last.retried.get(key, 0) if last is not None else 0)
+                grown = count - last_retried.get(key, 0)
                 if grown:
                     outcome = (*key, "retried")
                     finished[outcome] = finished.get(outcome, 0) + grown
-            snapshot = self.seen[id(counts)] = Counts()
-            snapshot.times, snapshot.retried = times, retried
+            self.seen[counts] = (times, retried)
         for key, total in sums.items():
             self._add(self._child(self.metrics.run_seconds, key), total[:wait_at])
             self._add(self._child(self.metrics.wait_seconds, key), total[wait_at:])
