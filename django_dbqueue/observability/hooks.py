@@ -1,20 +1,24 @@
 """What the worker tells observability beyond the signals: each job's call, wrapped in
-the tracing span and timed by the metrics' :data:`meter`, and the outcomes no signal
-reports.
+the tracing span; what its recorder wrote, for the metrics' :data:`meter`; the outcomes
+no signal reports; and which jobs run now.
 
-``worker/execution.call_job`` asks :func:`around` for each job and tells the
-:data:`meter` (no context manager: 1.7 µs a job was most of what metrics cost a
-no-op job); with neither tracing (a tracer provider set) nor metrics on, that is all it
-costs. The worker calls
-:func:`recorded` where it records a cancel (before the job started, while it ran, or
-by killing the process of a job that ignored it). The metrics register here
-(:mod:`.metrics`, in the supervisor before it forks, so every child inherits them).
+``worker/execution.call_job`` asks :func:`around` for each job (with tracing off, that
+is all it costs). The recorder (``worker/recording.py``) tells :func:`ended` once per
+batched write of done jobs, with the starts and run times it keeps anyway, and once for
+an attempt that failed, was retried or was cancelled while it ran: the meter counts a
+batch at a time, and nothing is called per job for it (a call a job on the job's path
+was most of what the metrics cost a no-op job). The worker calls :func:`recorded` where
+it records a cancel (before the job started, while it ran, or by killing the process of
+a job that ignored it) or a ``RetryJob``. Executors offer the jobs they run now to
+:func:`running` (:func:`watch`), read by the metrics once a second. The metrics register
+here (:mod:`.metrics`, in the supervisor before it forks, so every child inherits them).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from django_dbqueue.observability import tracing
@@ -27,21 +31,25 @@ Listener = Callable[["Job", str], None]
 
 
 class Meter(Protocol):
-    """The metrics' side of each job, told without wrapping its call (a wrapper costs a
-    context manager a job): :meth:`began` before the call, :meth:`ended` after it,
-    whatever it raised, and :meth:`done` for the jobs a batched write recorded DONE (one
-    call a batch, where a ``job_finished`` receiver costs a call a job)."""
+    """The metrics' side of the jobs, told a batch at a time by the recorder: never
+    around each job's call (a wrapper cost a context manager a job, a call before and
+    after it a few microseconds)."""
 
-    def began(self, job: Job) -> float: ...
-
-    def ended(self, job: Job, began: float, deferred: bool) -> None: ...
-
-    def done(self, jobs: Sequence[Job]) -> None: ...
+    def ended(
+        self,
+        jobs: Sequence[Job],
+        started: Sequence[datetime],
+        ran: Sequence[float],
+        done: Sequence[Job],
+    ) -> None:
+        """The calls of ``jobs`` ended (each one's start and run time in seconds, in the
+        order of ``jobs``); ``done``: those of them recorded DONE."""
 
 
 _wrappers: list[Wrapper] = []
 _listeners: list[Listener] = []
-# The metrics' meter (observability/metrics.py), or None: read by call_job for each job.
+_running: list[tuple[Callable[[], list[Job]], tuple[str, ...]]] = []
+# The metrics' meter (observability/metrics.py), or None.
 meter: Meter | None = None
 
 
@@ -50,10 +58,35 @@ def set_meter(new: Meter | None) -> None:
     meter = new
 
 
-def done(jobs: Sequence[Job]) -> None:
-    """The worker (or the supervisor, for a dead child's log) recorded ``jobs`` DONE."""
+def ended(
+    jobs: Sequence[Job], started: Sequence[datetime], ran: Sequence[float], done: Sequence[Job]
+) -> None:
+    """The calls of ``jobs`` ended: they started at ``started`` and ran
+    ``ran`` seconds, in that order; ``done`` of them were recorded DONE. A batched write of
+    done jobs (by the worker, or by the supervisor from a dead child's log), or one
+    attempt that failed, was retried or was cancelled while it ran."""
     if meter is not None and jobs:
-        meter.done(jobs)
+        meter.ended(jobs, started, ran, done)
+
+
+def watch(source: Callable[[], list[Job]], queues: Sequence[str]) -> None:
+    """An executor offers the jobs it runs now, taken from ``queues`` (until
+    :func:`unwatch`)."""
+    _join(_running, (source, tuple(queues)))
+
+
+def unwatch(source: Callable[[], list[Job]], queues: Sequence[str]) -> None:
+    _leave(_running, (source, tuple(queues)))
+
+
+def running() -> dict[str, int]:
+    """Jobs running now in this process, by queue: every queue a watched executor takes
+    from is there, at 0 when it runs none."""
+    found = {queue: 0 for _, queues in list(_running) for queue in queues}
+    for source, _ in list(_running):
+        for job in source():
+            found[job.queue] = found.get(job.queue, 0) + 1
+    return found
 
 
 def add(wrapper: Wrapper) -> None:
@@ -83,7 +116,8 @@ def _leave(members: list[Any], member: Any) -> None:
 
 
 def recorded(job: Job, outcome: str) -> None:
-    """The worker recorded ``outcome`` ("cancelled") for ``job``: no signal reports it."""
+    """The worker recorded ``outcome`` for ``job`` where no signal reports it: a cancel
+    ("cancelled"), or a ``RetryJob`` ("retried")."""
     for listener in _listeners:
         listener(job, outcome)
 

@@ -1,15 +1,22 @@
-"""Counting in a worker process, cheaply: per-thread tallies, and the flush that adds
-them to prometheus_client's values (memory-mapped files in multiprocess mode).
+"""Counting in a worker process, cheaply: what each batch of jobs came to, counted per
+batch, and the flush that adds it to prometheus_client's values (memory-mapped files in
+multiprocess mode).
 
-Counting takes no lock: a job's start and end (:meth:`Tally.began`, :meth:`Tally.ended`,
-told by :mod:`.hooks`) update its thread's own counts and buckets. :class:`Tally` writes
-what the counts gained since its last look: once a second from a thread of a child, or
-at once in the supervisor.
+A job is not counted on its own: the recorder tells :meth:`Tally.ended` what a batched
+write of done jobs came to (their tasks, starts and run times, which it keeps anyway),
+and a failed, retried or cancelled attempt as it is recorded. The call works on the
+whole batch in C (``map``, ``bisect``, ``collections.Counter``, ``list.count``: most
+batches are of one task, whose strings are then compared once a job, not hashed into
+keys) and appends the result to a deque (atomic: threads need no lock);
+:meth:`Tally.flush` adds what was appended since its last look, once a second from a
+thread of a child, or at once in the supervisor. Jobs running now are looked at when
+the flush runs (:func:`.hooks.running`), not counted as they start.
 :mod:`.metrics` feeds it from the signals and :mod:`.hooks`.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from bisect import bisect_left
@@ -17,22 +24,58 @@ from collections import Counter as CollectionsCounter
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
+from itertools import repeat
 from multiprocessing import util as mp_util
-from operator import attrgetter
-from time import monotonic
+from operator import attrgetter, sub
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
 from django_dbqueue.models import Job
+from django_dbqueue.observability import hooks
 
 # Seconds: from a millisecond job to a long report, and waits up to an hour's backlog.
 RUN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
 OUTCOMES = ("done", "failed", "retried", "cancelled", "died")
 _QUEUE_TASK = attrgetter("queue", "task")
+_QUEUE, _TASK, _RUN_AFTER = attrgetter("queue"), attrgetter("task"), attrgetter("run_after")
+_NO_WAIT = timedelta(0)
 FLUSH_INTERVAL = 1.0  # seconds a child's counts may wait before they can be scraped
 CONFLICT_PLACES = ("claim", "record", "heartbeat", "supervisor")  # conflict_retried's where
+
+Key = tuple[str, str]  # (queue, task)
+
+
+@dataclass
+class Timed:
+    """One task's jobs of a batch: how many fell in each bucket (by the bucket's index
+    in the bounds), and the sums of their times."""
+
+    runs: dict[int, int]
+    waits: dict[int, int]
+    run_sum: float
+    wait_sum: timedelta
+
+
+@dataclass
+class Batch:
+    """What one call of :meth:`Tally.ended` counted."""
+
+    timed: dict[Key, Timed]
+    done: dict[Key, int]
+
+
+def bucket_counts(bounds: tuple[Any, ...], values: list[Any]) -> dict[int, int]:
+    """How many of ``values`` fall in each bucket of ``bounds`` (``bisect_left``: the
+    first bucket whose bound is at least the value), by the bucket's index. When the
+    least and the greatest share a bucket (jobs of one kind mostly do), so do all."""
+    low, high = bisect_left(bounds, min(values)), bisect_left(bounds, max(values))
+    if low == high:
+        return {low: len(values)}
+    found = bytes(map(bisect_left, repeat(bounds), values))  # at most 255 buckets
+    return {at: count for at in range(low, high + 1) if (count := found.count(at))}
 
 
 @dataclass
@@ -107,31 +150,9 @@ class WorkerMetrics:
         )
 
 
-Times = dict[tuple[str, str], list[float]]  # (queue, task) -> a histogram pair's values
-Deferrals = dict[tuple[str, str], int]  # (queue, task) -> RetryJob deferrals
-
-
-class Counts:
-    """One thread's counts since its process began counting: only that thread writes
-    them, and only upwards, so :meth:`Tally.flush` (another thread) adds what each grew
-    by since its last look, with no lock on the job's path."""
-
-    __slots__ = ("retried", "started", "times")
-
-    def __init__(self) -> None:
-        self.started: dict[str, int] = {}  # queue -> jobs whose call started
-        # (queue, task) -> [run time sum, a count per run bucket, wait time sum, a count
-        # per wait bucket]: a histogram pair's values (Tally.wait_at). The run buckets
-        # add up to the jobs whose call ended.
-        self.times: Times = {}
-        self.retried: Deferrals = {}  # RetryJob deferrals
-
-
 class Tally:
-    """What this process counted: a job's start and end go into its thread's
-    :class:`Counts` (a few dictionary and list updates); batches, outcomes, claims and
-    conflicts are appended to deques (appending is atomic, so threads need no lock).
-    :meth:`flush` adds what was counted since its last look to prometheus_client's
+    """What this process counted: each call appends one batch's counts to a deque;
+    :meth:`flush` adds what was appended since its last look to prometheus_client's
     values: from a thread of the child once every :data:`FLUSH_INTERVAL`, and when the
     child exits normally; the supervisor (which counts only deaths and kills) flushes at
     once."""
@@ -139,74 +160,67 @@ class Tally:
     def __init__(self, metrics: WorkerMetrics) -> None:
         self.metrics = metrics
         self.run_bounds = tuple(metrics.run_seconds._upper_bounds)
-        self.wait_bounds = tuple(metrics.wait_seconds._upper_bounds)
-        # A times list: the run's sum and buckets (the last +Inf), the wait's from here.
-        self.wait_at = 1 + len(self.run_bounds)
-        self.shortest = self.run_bounds[0]  # most jobs' bucket, found without bisecting
-        self.times_size = self.wait_at + 1 + len(self.wait_bounds)
+        # Waits are differences of datetimes: bucketed as timedeltas, converted once a
+        # batch (datetime.timestamp() a job cost more than the rest of the count).
+        self.wait_bounds = tuple(
+            timedelta.max if bound == math.inf else timedelta(seconds=bound)
+            for bound in metrics.wait_seconds._upper_bounds
+        )
         self.write_through = True
         self._start()
 
     def _start(self) -> None:
-        self.lock = threading.Lock()  # one flush at a time, and the list of Counts
-        # Wall-clock time less monotonic time, as of the last flush (a change of the
-        # clock since then is noise to a wait time).
-        self.to_wall = time.time() - monotonic()
-        self.local = threading.local()
-        self.counts: list[Counts] = []  # every thread's
-        # What each Counts' times and deferrals were at the last flush: the flush adds
-        # the growth since.
-        self.seen: dict[Counts, tuple[Times, Deferrals]] = {}
-        self.batches: deque[CollectionsCounter[tuple[str, str]]] = deque()  # done, a write
+        self.lock = threading.Lock()  # one flush at a time
+        self.batches: deque[Batch] = deque()  # what each call of ended() counted
         self.outcomes: deque[tuple[str, str, str]] = deque()  # (queue, task, outcome)
         self.claims: deque[bool] = deque()  # whether each claim took a job
         self.conflicts: deque[str] = deque()  # where each retried conflict happened
         self.children: dict[tuple[Any, tuple[str, ...]], Any] = {}  # labelled metrics
+        self.shown_running: set[str] = set()  # queues the running gauge was set for
 
-    def _mine(self) -> Counts:
-        """This thread's Counts (made on its first job)."""
-        try:
-            found: Counts = self.local.counts
-        except AttributeError:
-            found = self.local.counts = Counts()
-            with self.lock:
-                self.counts.append(found)
-        return found
-
-    def began(self, job: Job) -> float:
-        """A job's call starts (the hooks' timer, :mod:`.hooks`)."""
-        started = self._mine().started
-        queue = job.queue
-        started[queue] = started.get(queue, 0) + 1
-        return monotonic()
-
-    def ended(self, job: Job, began: float, deferred: bool) -> None:
-        """Its call ended (``deferred``: by RetryJob): its run and wait times go into
-        their buckets (``bisect_left``: the first bucket whose ``le`` is at least it)."""
-        ran = monotonic() - began
-        counts = self._mine()
-        key = (job.queue, job.task)
-        times = counts.times.get(key)
-        if times is None:
-            times = counts.times[key] = [0.0] * self.times_size
-        waited = began + self.to_wall - job.run_after.timestamp()
-        waited = waited if waited > 0.0 else 0.0
-        times[0] += ran
-        times[1 if ran <= self.shortest else 1 + bisect_left(self.run_bounds, ran)] += 1
-        wait_at = self.wait_at
-        times[wait_at] += waited
-        times[wait_at + 1 + bisect_left(self.wait_bounds, waited)] += 1
-        if deferred:  # a RetryJob deferral, which no signal reports
-            counts.retried[key] = counts.retried.get(key, 0) + 1
+    def ended(
+        self,
+        jobs: Sequence[Job],
+        started: Sequence[datetime],
+        ran: Sequence[float],
+        done: Sequence[Job],
+    ) -> None:
+        """The calls of ``jobs`` ended (:func:`.hooks.ended`): their run and wait times
+        counted by bucket, a wait before ``run_after`` (another host's clock) as none;
+        and ``done`` of them (a part of ``jobs``) counted DONE."""
+        count = len(jobs)
+        if not count:
+            return
+        queues, tasks = list(map(_QUEUE, jobs)), list(map(_TASK, jobs))
+        waited = list(map(sub, started, map(_RUN_AFTER, jobs)))
+        if min(waited) < _NO_WAIT:
+            waited = [wait if wait > _NO_WAIT else _NO_WAIT for wait in waited]
+        if queues.count(queues[0]) == count and tasks.count(tasks[0]) == count:
+            key = (queues[0], tasks[0])  # one task, as most batches are
+            timed = {key: self._timed(list(ran), waited)}
+            batch = Batch(timed, {key: len(done)} if done else {})
+        else:
+            groups: dict[Key, tuple[list[float], list[timedelta]]] = {}
+            keys = zip(queues, tasks, strict=True)
+            for key, run, wait in zip(keys, ran, waited, strict=True):
+                group = groups.get(key)
+                if group is None:
+                    group = groups[key] = ([], [])
+                group[0].append(run)
+                group[1].append(wait)
+            timed = {key: self._timed(runs, waits) for key, (runs, waits) in groups.items()}
+            batch = Batch(timed, CollectionsCounter(map(_QUEUE_TASK, done)))
+        self.batches.append(batch)
         if self.write_through:
             self.flush()
 
-    def done(self, jobs: Sequence[Job]) -> None:
-        """Jobs a batched write recorded DONE (:func:`.hooks.done`): counted here (in C,
-        by ``collections.Counter``), one append for the batch."""
-        self.batches.append(CollectionsCounter(map(_QUEUE_TASK, jobs)))
-        if self.write_through:
-            self.flush()
+    def _timed(self, ran: list[float], waited: list[timedelta]) -> Timed:
+        return Timed(
+            bucket_counts(self.run_bounds, ran),
+            bucket_counts(self.wait_bounds, waited),
+            sum(ran),
+            sum(waited, _NO_WAIT),
+        )
 
     def outcome(self, queue: str, task: str, outcome: str) -> None:
         self.outcomes.append((queue, task, outcome))
@@ -226,20 +240,14 @@ class Tally:
     def flush(self) -> None:
         with self.lock:
             metrics = self.metrics
-            self.to_wall = time.time() - monotonic()
             finished: dict[tuple[str, str, str], int] = {}
             for _ in range(len(self.outcomes)):
                 key = self.outcomes.popleft()
                 finished[key] = finished.get(key, 0) + 1
-            for _ in range(len(self.batches)):
-                for (queue, task), count in self.batches.popleft().items():
-                    key = (queue, task, "done")
-                    finished[key] = finished.get(key, 0) + count
-            running = self._add_times(finished)
+            self._add_batches(finished)
             for key, count in finished.items():
                 self._child(metrics.finished, key).inc(count)
-            for queue, count in running.items():
-                self._child(metrics.running, (queue,)).set(count)
+            self._show_running()
             took = [self.claims.popleft() for _ in range(len(self.claims))]
             if took:
                 metrics.claims.inc(len(took))
@@ -248,37 +256,38 @@ class Tally:
             for _ in range(len(self.conflicts)):
                 self._child(metrics.conflicts, (self.conflicts.popleft(),)).inc()
 
-    def _add_times(self, finished: dict[tuple[str, str, str], int]) -> dict[str, int]:
-        """Add every thread's run and wait times and RetryJob deferrals grown since the
-        last flush; return the jobs running now, by queue. Copies are taken in C (the
-        dictionaries' and lists' own copy), which no thread switch interrupts."""
-        sums: dict[tuple[str, str], list[float]] = {}
-        running: dict[str, int] = {}
-        wait_at = self.wait_at
-        for counts in self.counts:
-            # Ends before starts: a job among the ends has its start among the starts.
-            times = {key: values[:] for key, values in list(counts.times.items())}
-            started, retried = dict(counts.started), dict(counts.retried)
-            last_times, last_retried = self.seen.get(counts, ({}, {}))
-            for queue, count in started.items():
-                running[queue] = running.get(queue, 0) + count
-            for (queue, _), values in times.items():
-                running[queue] = running.get(queue, 0) - int(sum(values[1:wait_at]))
-            for key, values in times.items():
-                before = last_times.get(key)
-                total = sums.setdefault(key, [0.0] * len(values))
-                for i, value in enumerate(values):
-                    total[i] += value - (before[i] if before is not None else 0.0)
-            for key, count in retried.items():
-                grown = count - last_retried.get(key, 0)
-                if grown:
-                    outcome = (*key, "retried")
-                    finished[outcome] = finished.get(outcome, 0) + grown
-            self.seen[counts] = (times, retried)
-        for key, total in sums.items():
-            self._add(self._child(self.metrics.run_seconds, key), total[:wait_at])
-            self._add(self._child(self.metrics.wait_seconds, key), total[wait_at:])
-        return running
+    def _add_batches(self, finished: dict[tuple[str, str, str], int]) -> None:
+        """Add the batches counted since the last flush: per (queue, task), the run
+        time's sum and a count per bucket, the same for the wait, and the done jobs."""
+        runs: dict[Key, list[float]] = {}
+        waits: dict[Key, list[float]] = {}
+        run_size, wait_size = len(self.run_bounds) + 1, len(self.wait_bounds) + 1
+        for _ in range(len(self.batches)):
+            batch = self.batches.popleft()
+            for key, timed in batch.timed.items():
+                if key not in runs:
+                    runs[key], waits[key] = [0.0] * run_size, [0.0] * wait_size
+                run, wait = runs[key], waits[key]
+                run[0] += timed.run_sum
+                wait[0] += timed.wait_sum.total_seconds()
+                for at, count in timed.runs.items():
+                    run[1 + at] += count
+                for at, count in timed.waits.items():
+                    wait[1 + at] += count
+            for (queue, task), count in batch.done.items():
+                outcome = (queue, task, "done")
+                finished[outcome] = finished.get(outcome, 0) + count
+        for key, values in runs.items():
+            self._add(self._child(self.metrics.run_seconds, key), values)
+            self._add(self._child(self.metrics.wait_seconds, key), waits[key])
+
+    def _show_running(self) -> None:
+        """Set the running gauge from the jobs running now (the executors' own view,
+        :func:`.hooks.running`), and to 0 for queues shown before."""
+        running = hooks.running()
+        for queue in self.shown_running | running.keys():
+            self._child(self.metrics.running, (queue,)).set(running.get(queue, 0))
+        self.shown_running |= running.keys()
 
     @staticmethod
     def _add(child: Any, sums: list[float]) -> None:

@@ -187,7 +187,10 @@ def _record_done(remains: Remains) -> set[int]:
     finished = Job.objects.finish_done(remains.name, jobs)
     if finished:
         done = list(Job.objects.primary().filter(pk__in=finished))
-        hooks.done(done)
+        logged = {entry.job_id: entry for entry in remains.done}
+        started = [wall_time(logged[job.id].started_wall) for job in done]
+        ran = [logged[job.id].finished_wall - logged[job.id].started_wall for job in done]
+        hooks.ended(done, started, ran, done)
         for job in done:
             signals.job_finished.send(Job, job=job, worker=remains.name, result=job.result)
     remains.outcome.done += len(finished)

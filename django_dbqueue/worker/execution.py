@@ -18,7 +18,7 @@ from typing import Any
 
 from django_dbqueue import bounds, registry
 from django_dbqueue.conf import settings
-from django_dbqueue.exceptions import InvalidJob, JobTimeout, RetryJob
+from django_dbqueue.exceptions import InvalidJob, JobTimeout
 from django_dbqueue.models import Job
 from django_dbqueue.observability import hooks
 from django_dbqueue.workflows.results import CURRENT_JOB
@@ -49,24 +49,16 @@ def call_job(job: Job) -> Any:
 
     A Django Tasks ``Task`` (an ``@task`` function) runs through the framework: its
     function gets a ``TaskContext`` when it takes one, and ``task_started`` is sent.
-    With tracing or metrics on, it runs inside their wrappers (observability/hooks.py).
+    With tracing on, or a wrapper registered, it runs inside them (observability/hooks.py).
     """
     wrapped = hooks.around(job)
-    meter = hooks.meter
     token = CURRENT_JOB.set(job.id)  # what dependency_results() reads (workflows/results.py)
-    began = meter.began(job) if meter is not None else 0.0
-    deferred = False
     try:
         if wrapped is None:
             return _call(job)
         with wrapped:
             return _call(job)
-    except RetryJob:
-        deferred = True
-        raise
     finally:
-        if meter is not None:
-            meter.ended(job, began, deferred)
         CURRENT_JOB.reset(token)
 
 
@@ -84,21 +76,11 @@ async def acall_job(job: Job) -> Any:
     checks."""
     entry = registry.find(job.task)
     wrapped = hooks.around(job)
-    meter = hooks.meter
-    began = meter.began(job) if meter is not None else 0.0
-    deferred = False
-    try:
-        if wrapped is None:
+    if wrapped is None:
+        result = await entry.func(*(job.args or []), **(job.kwargs or {}))
+    else:
+        with wrapped:
             result = await entry.func(*(job.args or []), **(job.kwargs or {}))
-        else:
-            with wrapped:
-                result = await entry.func(*(job.args or []), **(job.kwargs or {}))
-    except RetryJob:
-        deferred = True
-        raise
-    finally:
-        if meter is not None:
-            meter.ended(job, began, deferred)
     return _stored(job, result)
 
 

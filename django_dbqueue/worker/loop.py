@@ -29,6 +29,7 @@ from typing import Any
 from django_dbqueue.conf import settings
 from django_dbqueue.models import Job
 from django_dbqueue.models import WorkerProcess as WorkerRow
+from django_dbqueue.observability import hooks
 from django_dbqueue.queue.claim import Claimed
 from django_dbqueue.queue.pausing import PauseWatcher
 from django_dbqueue.worker import rows
@@ -172,6 +173,7 @@ class Worker:
             self._heartbeat = HeartbeatThread(self)
             self._heartbeat.start()
         self.executor.start()
+        hooks.watch(self.executor.running_jobs, self.queues)  # the metrics' running gauge
         logger.info(
             "Worker %s started on queues %s",
             self.name,
@@ -334,6 +336,7 @@ class Worker:
                 exc,
             )
         finally:
+            hooks.unwatch(self.executor.running_jobs, self.queues)
             self.listening.close()
             if self._heartbeat is not None:
                 self._heartbeat.stop.set()

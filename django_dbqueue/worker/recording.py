@@ -22,6 +22,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar
 
 from django_dbqueue import signals
@@ -81,6 +82,9 @@ class Recorder:
         # Seconds a job's code runs, averaged (note_time); None until a job has run.
         self.job_seconds: float | None = None
         self._pending: list[Job] = []
+        # Each pending job's start and run time, for the metrics (hooks.ended).
+        self._pending_started: list[datetime] = []
+        self._pending_ran: list[float] = []
         self._pending_since = 0.0
         # Set when a done job starts a batch the executor's timer (executors/base.py)
         # would otherwise look at too late: it writes the batch once due, whatever the
@@ -142,30 +146,35 @@ class Recorder:
             job.result = result
             # A job that may have been shown as running in our row is recorded before
             # the next one starts: lease recovery relies on it (queue/leases.py).
-            self.done(job, now=self._shows_running and ran >= SHOW_AFTER)
-        elif isinstance(error, RetryJob):
+            self.done(job, ran, now=self._shows_running and ran >= SHOW_AFTER)
+            return
+        if isinstance(error, RetryJob):
             self.retry_later(job, error)
         elif isinstance(error, JobCancelled):
             self.cancelled(job, str(error))
         else:
             self.failed(job, error)
+        hooks.ended([job], [job.attempt_started_at or wall_time(time.time())], [ran], ())
 
-    def done(self, job: Job, now: bool = False) -> None:
-        """Queue a finished job for the batched write, noting it in the slot first.
+    def done(self, job: Job, ran: float, now: bool = False) -> None:
+        """Queue a finished job (whose code ran ``ran`` seconds) for the batched write,
+        noting it in the slot first.
 
         The slot's log lets the supervisor record the job if this process dies before the
         write; a result too big for the log is written at once instead.
         """
         ended = time.time()
         job.finished_at = wall_time(ended)  # the job's own end, whenever it is written
-        attempt = job.attempt_started_at
-        started = attempt.timestamp() if attempt is not None else ended
+        attempt = job.attempt_started_at or job.finished_at
+        started = attempt.timestamp()
         with self.lock:
             logged = self.slot.log_done(job.id, started, ended, job.result)
             if not logged and self._pending:
                 self.flush(force=True)
                 logged = self.slot.log_done(job.id, started, ended, job.result)
             self._pending.append(job)
+            self._pending_started.append(attempt)
+            self._pending_ran.append(ran)
             if len(self._pending) == 1:
                 self._pending_since = time.monotonic()
                 if self.timer_wakes_at > self._pending_since + self.flush_interval:
@@ -226,6 +235,7 @@ class Recorder:
             done = self.retry(lambda: Job.objects.retry_later(self.name, job, exc.delay, str(exc)))
             self._release(job.id)
         if done:
+            hooks.recorded(job, "retried")
             logger.info(
                 "Job %s (%s) asked to run again in %.1f s: %s",
                 job.id,
@@ -264,13 +274,18 @@ class Recorder:
             due = time.monotonic() - self._pending_since >= self.flush_interval
             if not (force or due or len(pending) >= self._flush_size):
                 return
-            self._pending = []
+            started, ran = self._pending_started, self._pending_ran
+            self._pending, self._pending_started, self._pending_ran = [], [], []
             finished = self.retry(lambda: Job.objects.finish_done(self.name, pending))
             self.slot.clear_log()
             self._release(*(job.id for job in pending))
-            done = [job for job in pending if job.id in finished]
+            done = (
+                pending
+                if len(finished) == len(pending)
+                else [job for job in pending if job.id in finished]
+            )
             self.stats.done += len(done)
-            hooks.done(done)
+            hooks.ended(pending, started, ran, done)
             for job in done:
                 signals.job_finished.send(Job, job=job, worker=self.name, result=job.result)
             for job in pending:

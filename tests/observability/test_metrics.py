@@ -112,6 +112,7 @@ def run_jobs_serving_metrics(
 
 DONE, FAILING, RETRIED = 400, 3, 2
 TASK_RECORD = "tests.support.jobs.record"
+RUNNING = "dbqueue_jobs_running"
 TASK_FAIL = "tests.support.jobs.fail"
 
 
@@ -190,6 +191,35 @@ def test_worker_metrics_count_the_jobs_of_every_process(
     assert not os.path.exists(ours.pop())
 
 
+@pytest.mark.processes
+def test_running_jobs_are_shown_for_each_executor(
+    processes: Processes, worker_env: Callable[..., dict[str, str]]
+) -> None:
+    """The running gauge is what the executors run at the flush: jobs in the main thread
+    (inline), in threads, and on the event loop; at 0 once they end."""
+    # One queue each (the project's three): main thread, threads, event loop.
+    wanted = {"default": 1, "emails": 2, "reports": 2}
+    enqueue_many([{"task": jobs.sleep, "args": [60], "queue": "default"}])
+    enqueue_many([{"task": jobs.sleep, "args": [60], "queue": "emails"}] * 2)
+    enqueue_many([{"task": jobs.async_sleep, "args": [60], "queue": "reports"}] * 2)
+    env = worker_env(**QUICK_CANCELS)
+    served = [
+        run_jobs_serving_metrics(processes, env, "--queue", "default"),
+        run_jobs_serving_metrics(processes, env, "--queue", "emails", "--threads", "2"),
+        run_jobs_serving_metrics(processes, env, "--queue", "reports", "--async-concurrency", "2"),
+    ]
+    for (_, url), (queue, count) in zip(served, wanted.items(), strict=True):
+        shown = {"queue": queue}
+        wait_until(lambda u=url, q=shown, c=count: total(scrape(u)[0], RUNNING, **q) == c)
+        assert total(scrape(url)[0], RUNNING) == count  # none shown in another queue
+    assert Job.objects.all().cancel() == (0, 5)
+    for worker, url in served:
+        wait_until(lambda u=url: total(scrape(u)[0], RUNNING) == 0, timeout=60)
+        worker.terminate()
+        out, _ = worker.communicate(timeout=60)
+        assert worker.returncode == 0, out
+
+
 # Beats the keeper's notice of a cancel; CLAIM_AHEAD 0: one claim takes the whole batch.
 QUICK_CANCELS = {
     "LEASE_TIMEOUT": 600,
@@ -218,6 +248,7 @@ def test_cancels_are_counted_before_the_start_while_running_and_by_a_kill(
     )
     wait_until(lambda: running_now(running), timeout=60)
     assert Job.objects.get(pk=held.pk).status == Job.Status.CLAIMED
+    wait_until(lambda: total(scrape(url)[0], RUNNING, queue="default") == 1)
     # One cancel for both: the keeper marks both in the slot, then interrupts the
     # running one, so the held one is found cancelled when its turn comes.
     assert Job.objects.filter(pk__in=[running.pk, held.pk]).cancel() == (0, 2)

@@ -113,6 +113,11 @@ class AsyncioExecutor(Executor):
             mine = bool(self._queue or self._runs)
         return mine or self.inner.busy()
 
+    def running_jobs(self) -> list[Job]:
+        with self._lock:
+            mine = [run.job for run in self._runs.values() if run.calling]
+        return self.inner.running_jobs() + mine
+
     def wait(self, seconds: float) -> None:
         if self.inner.busy():
             seconds = min(seconds, WATCH_INTERVAL)  # the threads' ends notify their own

@@ -104,6 +104,10 @@ class Executor:
         """Is any job running or waiting to start?"""
         return False
 
+    def running_jobs(self) -> list[Job]:
+        """The jobs whose code runs now (read from another thread: the metrics')."""
+        return []
+
     def wait(self, seconds: float) -> None:
         """Wait for a job to start or end, at most ``seconds``."""
         self.stopping.wait(seconds)

@@ -43,6 +43,10 @@ class InlineExecutor(Executor):
         # Whatever is left in _unstarted is handed back when the worker stops.
         self.recorder.flush(force=True)
 
+    def running_jobs(self) -> list[Job]:
+        job = self._running
+        return [] if job is None else [job]
+
     def take_stale(self, since: float) -> list[Job]:
         if not self._lanes_stuck(since):
             return []

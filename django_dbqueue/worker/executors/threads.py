@@ -115,6 +115,9 @@ class ThreadedExecutor(Executor):
         with self._lock:
             return bool(self._busy or self._queue)
 
+    def running_jobs(self) -> list[Job]:
+        return [run.job for run in list(self._runs) if run is not None]
+
     def wait(self, seconds: float) -> None:
         with self._lock:
             self._changed.wait(seconds)
