@@ -173,7 +173,7 @@ def _start(options: dict[str, Any], say: Say) -> runs.Results:
     return results
 
 
-def _drain_once(options: dict[str, Any], **extra: Any) -> float:
+def _drain_once(options: dict[str, Any], **extra: Any) -> runs.Drained:
     # Made before the workers fork, as run_jobs does: they inherit it and count into it.
     server = metrics_server(options["metrics_port"])
     try:
@@ -197,14 +197,19 @@ def _drain(options: dict[str, Any], results: runs.Results, say: Say) -> None:
         results.notes["key_limit"] = options["key_limit"]
         fig["drain_keyed_per_s"] = _drain_once(
             options, keys=options["keys"], key_limit=options["key_limit"]
-        )
+        ).rate
         say(
             f"  drain, {options['keys']} keys, limit {options['key_limit']}: "
             f"{fig['drain_keyed_per_s']:,.0f} jobs/s"
         )
     else:
-        fig["drain_per_s"] = _drain_once(options)
-        say(f"  drain, empty table:    {fig['drain_per_s']:,.0f} jobs/s")
+        drained = _drain_once(options)
+        fig["drain_per_s"] = drained.rate
+        fig["drain_worker_cpu_us_per_job"] = drained.worker_cpu_us
+        say(
+            f"  drain, empty table:    {drained.rate:,.0f} jobs/s "
+            f"(workers' CPU {drained.worker_cpu_us:.0f} us a job)"
+        )
         if options["job_ms"]:
             # What the processes could do if the queue cost nothing.
             ideal = options["workers"] * options["threads"] * 1000 / options["job_ms"]
@@ -264,7 +269,7 @@ def _history(options: dict[str, Any], results: runs.Results, say: Say) -> None:
     results.notes["history_rows"] = options["history"]
     results.notes["history_fill_s"] = round(seconds, 1)
     fig = results.figures
-    fig["drain_with_history_per_s"] = _drain_once(options)
+    fig["drain_with_history_per_s"] = _drain_once(options).rate
     say(
         f"  drain, {options['history']:,} finished rows: "
         f"{fig['drain_with_history_per_s']:,.0f} jobs/s"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import platform
+import resource
 import signal
 import statistics
 import time
@@ -166,6 +167,12 @@ def bench_enqueue_bulk(count: int) -> float:
     return _rate(count, time.perf_counter() - started)
 
 
+@dataclass(frozen=True)
+class Drained:
+    rate: float  # jobs/s, from the supervisor's start to its exit
+    worker_cpu_us: float  # CPU (user + system) of the worker processes, per job
+
+
 def bench_drain(
     count: int,
     workers: int,
@@ -175,11 +182,13 @@ def bench_drain(
     key_limit: int = 1,
     threads: int = 1,
     queue: str | None = None,
-) -> float:
+) -> Drained:
     """Enqueue ``count`` jobs (no-op, or sleeping ``job_ms``), then time ``workers``
-    processes of ``threads`` threads draining them. ``keys``: the jobs take turns over
-    that many concurrency keys, at most ``key_limit`` of each running at once
-    (docs/concurrency.md). ``queue``: the jobs' queue, and the only one drained."""
+    processes of ``threads`` threads draining them, and count their CPU (a steadier
+    measure of a change to the worker than the rate, which a loaded machine moves).
+    ``keys``: the jobs take turns over that many concurrency keys, at most ``key_limit``
+    of each running at once (docs/concurrency.md). ``queue``: the jobs' queue, and the
+    only one drained."""
 
     def spec(n: int) -> dict[str, Any]:
         one: dict[str, Any] = {"task": sleep_ms, "args": [job_ms]} if job_ms else {"task": noop}
@@ -196,13 +205,16 @@ def bench_drain(
         "threads": threads,
         "queues": [queue],
     }
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)  # the supervisor reaps them
     started = time.perf_counter()
     stats = Supervisor(workers, options).run()
     elapsed = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     left = Job.objects.filter(status=Job.Status.QUEUED, queue=queue).count()
     if left or stats.done != count:
         raise RuntimeError(f"drain incomplete: {stats.done} done, {left} left of {count}")
-    return _rate(count, elapsed)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return Drained(_rate(count, elapsed), cpu / count * 1e6)
 
 
 def _idle_worker(ready: Any) -> None:
@@ -353,7 +365,7 @@ def bench_duties(
             _settle(using)
             fill_history(history, lambda line: None, finished_at=old)
             with override_settings(DBQUEUE={**base, **duties, "QUEUES": queues}):
-                rate = bench_drain(count, workers, batch_size)
+                rate = bench_drain(count, workers, batch_size).rate
             if arm == "busy":
                 pruned += history - Job.objects.using(using).filter(finished_at=old).count()
             rates[arm].append(rate)

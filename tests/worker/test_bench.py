@@ -52,6 +52,10 @@ def test_bench_reports_every_figure_as_json() -> None:
         "drain_with_history_per_s",
     ):
         assert 10 < report[key] < 10_000_000, (key, report[key])
+    # The workers' own CPU: something, and less than the drain's whole time a job on
+    # every core of the machine.
+    cpu = report["drain_worker_cpu_us_per_job"]
+    assert 0 < cpu < os.cpu_count() * 1e6 / report["drain_per_s"], cpu
     assert 0 < report["latency_p50_ms"] <= report["latency_p90_ms"] <= report["latency_p99_ms"]
     assert report["latency_p99_ms"] < 5_000
     assert report["steady_rate_asked"] == 50 and report["steady_seconds"] == 1
