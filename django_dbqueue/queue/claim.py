@@ -19,7 +19,7 @@ from django_dbqueue.queue.dialects import (
     plain_transaction,
     write_transaction,
 )
-from django_dbqueue.queue.reader import job_from_row, row_reader
+from django_dbqueue.queue.reader import fetch_rows, job_from_row, row_reader
 from django_dbqueue.status import CLAIMED, QUEUED
 
 if TYPE_CHECKING:
@@ -258,9 +258,7 @@ def _read_jobs(
     sql = f"SELECT {reader.columns} FROM {table} WHERE {where}"  # noqa: S608
     if lock:
         sql += " FOR UPDATE SKIP LOCKED"
-    with conn.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
+    rows = fetch_rows(conn, sql, params)
     return [job_from_row(model, using, row, reader, conn) for row in rows]
 
 

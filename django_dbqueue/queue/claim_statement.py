@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from django.db import connections
 
 from django_dbqueue.queue.candidates import queue_head, run_after_param
-from django_dbqueue.queue.reader import job_from_row, row_reader
+from django_dbqueue.queue.reader import fetch_rows, job_from_row, row_reader
 from django_dbqueue.status import CLAIMED, QUEUED
 
 if TYPE_CHECKING:
@@ -71,9 +71,7 @@ def claim_unkeyed(
         "LEFT JOIN taken ON TRUE"
     )
     params = [QUEUED, queue, when, limit, CLAIMED, owner, owner_date]
-    with conn.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
+    rows = fetch_rows(conn, sql, params)
     locked = int(rows[0][-1])
     first = reader.names.index("id")
     jobs = [job_from_row(model, using, row[:-1], reader, conn) for row in rows if row[first]]

@@ -186,3 +186,6 @@ def test_a_claimed_job_reads_as_the_orm_reads_it(settings: Any, use_tz: bool) ->
     for name, value in read.items():
         expected = getattr(stored, name)
         assert (value, type(value)) == (expected, type(expected)), name
+        # Aware in the same time zone (PostgreSQL's claim reads timestamptz with
+        # psycopg's own loader, not Django's: dialects/postgresql.py).
+        assert getattr(value, "tzinfo", None) == getattr(expected, "tzinfo", None), name

@@ -4,6 +4,7 @@ which database it runs on, and each database has one dialect object per connecti
 from __future__ import annotations
 
 import ast
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -183,3 +184,35 @@ def test_the_finish_sends_times_as_microseconds_only_where_the_connection_stores
         conn.settings_dict["TIME_ZONE"] = saved
     assert (kind == "BIGINT") is as_micros
     assert ("TIMESTAMPADD" in value("f.x")) is as_micros
+
+
+@pytest.mark.django_db
+@pytest.mark.only_vendor("postgresql")
+@pytest.mark.parametrize("use_tz", [True, False], ids=["aware", "naive"])
+def test_claims_read_timestamptz_with_psycopgs_own_loader_where_the_connection_is_utc(
+    settings: Any, use_tz: bool
+) -> None:
+    """Django has psycopg parse ``timestamptz`` in Python (a subclass of psycopg's Python
+    loader); a claim's cursor takes psycopg's own (C) loader where the result is the
+    same, aware in UTC, and keeps Django's for naive datetimes."""
+    import psycopg
+    from psycopg.pq import Format
+
+    settings.USE_TZ = use_tz
+    oid = psycopg.adapters.types["timestamptz"].oid
+    with connection.cursor() as cursor:
+        djangos = cursor.cursor.adapters.get_loader(oid, Format.TEXT)
+        dialect(connection).prepare_reading(connection, cursor)
+        loader = cursor.cursor.adapters.get_loader(oid, Format.TEXT)
+        cursor.execute("SELECT TIMESTAMPTZ '2026-11-27 08:45:12.123456+00'")
+        [(read,)] = cursor.fetchall()
+    own = psycopg.adapters.get_loader(oid, Format.TEXT)
+    assert djangos is not own
+    if use_tz:
+        assert loader is own
+        assert read == datetime(2026, 11, 27, 8, 45, 12, 123456, tzinfo=UTC)
+        assert read.tzinfo is UTC
+    else:
+        assert loader is djangos
+    with connection.cursor() as cursor:  # the connection's other cursors keep Django's
+        assert cursor.cursor.adapters.get_loader(oid, Format.TEXT) is not own

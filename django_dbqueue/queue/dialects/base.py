@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
 
+from django.conf import settings as django_settings
 from django.db import models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
@@ -171,6 +172,11 @@ class Dialect:
         by hand: Django's own, unless the dialect has a cheaper one of the same result."""
         return funcs
 
+    def prepare_reading(self, conn: BaseDatabaseWrapper, cursor: Any) -> None:
+        """Make ready a cursor whose rows a claim reads by hand (queue/reader.py): as it
+        is, unless the driver can read a column cheaper than Django has it read, to the
+        same value."""
+
     def done_rows(
         self,
         conn: BaseDatabaseWrapper,
@@ -236,3 +242,9 @@ def estimate(row: Sequence[Any] | None) -> int | None:
     if row is None or row[0] is None or int(row[0]) < 0:
         return None
     return int(row[0])
+
+
+def stores_utc(conn: BaseDatabaseWrapper) -> bool:
+    """Datetimes go to and come from this connection in UTC (``USE_TZ``, the database's
+    ``TIME_ZONE`` unset or UTC): aware on PostgreSQL, naive UTC on MySQL."""
+    return bool(django_settings.USE_TZ) and conn.settings_dict.get("TIME_ZONE") in (None, "UTC")

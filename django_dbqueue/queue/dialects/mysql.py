@@ -9,14 +9,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from django.conf import settings as django_settings
 from django.db import IntegrityError, connections, models
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorWrapper
 from django.db.models import CharField
 from django.db.models.expressions import RawSQL
 
-from django_dbqueue.queue.dialects.base import Dialect, DoneRows, estimate
+from django_dbqueue.queue.dialects.base import Dialect, DoneRows, estimate, stores_utc
 from django_dbqueue.queue.dialects.json_table import insert_json_tables
 from django_dbqueue.queue.dialects.rows import Done, Rows, insert_values
 
@@ -124,7 +123,7 @@ class MySQL(Dialect):
         as booleans, and where the connection stores UTC naive datetimes made aware in
         UTC (Django's ``make_aware`` checks and looks up more: 1 µs a column a job)."""
         cheaper = {conn.ops.convert_booleanfield_value.__func__: _bool}  # type: ignore[attr-defined]
-        if _stores_utc(conn):
+        if stores_utc(conn):
             cheaper[conn.ops.convert_datetimefield_value.__func__] = _utc  # type: ignore[attr-defined]
         return [cheaper.get(getattr(func, "__func__", None), func) for func in funcs]
 
@@ -209,7 +208,7 @@ def _time_codec(
     """How ``done_rows`` sends a time in its JSON: (Python value, JSON_TABLE column type,
     the SQL that makes a DATETIME of the column). Microseconds since the epoch where the
     connection stores UTC; else Django's own text of the datetime."""
-    if _stores_utc(conn):
+    if stores_utc(conn):
         return _micros, "BIGINT", _from_micros
     return conn.ops.adapt_datetimefield_value, "DATETIME(6)", str
 
@@ -217,12 +216,6 @@ def _time_codec(
 def _from_micros(column: str) -> str:
     # Deterministic (no session time zone, no clock): fine for replication and Galera.
     return f"TIMESTAMPADD(MICROSECOND, {column}, '1970-01-01 00:00:00')"
-
-
-def _stores_utc(conn: BaseDatabaseWrapper) -> bool:
-    """Datetimes go to and come from this connection as naive UTC (``USE_TZ``, the
-    database's ``TIME_ZONE`` unset or UTC)."""
-    return bool(django_settings.USE_TZ) and conn.settings_dict.get("TIME_ZONE") in (None, "UTC")
 
 
 def _utc(value: datetime, expression: Any, connection: Any) -> datetime:

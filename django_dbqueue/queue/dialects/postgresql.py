@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
+from functools import cache
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.conf import settings as django_settings
@@ -12,7 +13,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from django.db.models import JSONField
 
-from django_dbqueue.queue.dialects.base import Dialect, DoneRows, estimate
+from django_dbqueue.queue.dialects.base import Dialect, DoneRows, estimate, stores_utc
 from django_dbqueue.queue.dialects.rows import Done, Rows
 
 if TYPE_CHECKING:
@@ -143,6 +144,16 @@ class PostgreSQL(Dialect):
             new_ids += ids
         return new_ids
 
+    def prepare_reading(self, conn: BaseDatabaseWrapper, cursor: Any) -> None:
+        """psycopg 3 reads ``timestamptz`` with its own loader (in C in its binary and C
+        builds) where the connection stores UTC: Django registers a Python subclass of
+        psycopg's Python loader on its connections to set the time zone, 8 µs a value
+        against 0.5 µs, and a claimed job has two. In UTC both give the same aware
+        datetime; elsewhere, and with psycopg2, Django's stays."""
+        adapters = getattr(getattr(cursor, "cursor", None), "adapters", None)
+        if adapters is not None and stores_utc(conn):
+            adapters.register_loader(*_psycopg_timestamptz_loader())
+
     def done_rows(
         self,
         conn: BaseDatabaseWrapper,
@@ -247,3 +258,14 @@ def _micros_text(ids: list[int], times: Mapping[int, datetime]) -> str:
 def _epoch(micros: str) -> str:
     # An absolute instant: no session time zone takes part.
     return f"(TIMESTAMPTZ 'epoch' + {micros} * INTERVAL '1 microsecond')"
+
+
+@cache
+def _psycopg_timestamptz_loader() -> tuple[int, Any]:
+    """psycopg's own text loader of ``timestamptz`` (its default adapters', which
+    Django's connections override): (the type's oid, the loader class)."""
+    import psycopg
+    from psycopg.pq import Format
+
+    oid = psycopg.adapters.types["timestamptz"].oid
+    return oid, psycopg.adapters.get_loader(oid, Format.TEXT)
