@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT
+from tests.support import ROOT, parse_source
 
 # The code's shape is the same whichever database a run uses.
 pytestmark = pytest.mark.only_vendor("sqlite")
@@ -147,7 +147,7 @@ def imports_of(path: Path) -> set[tuple[str, bool]]:
         for child in ast.iter_child_nodes(node):
             visit(child, inner)
 
-    visit(ast.parse(path.read_text()), False)
+    visit(parse_source(path.read_text()), False)
     return found
 
 
@@ -254,7 +254,7 @@ def test_every_module_says_what_it_is_for() -> None:
         for p in PACKAGE.rglob("*.py")
         if "migrations" not in p.parts
         and p.stat().st_size
-        and ast.get_docstring(ast.parse(p.read_text())) is None
+        and ast.get_docstring(parse_source(p.read_text())) is None
     ]
     assert missing == []
 
@@ -271,7 +271,7 @@ def test_modules_and_functions_stay_small() -> None:
         if "migrations" in path.parts:
             continue
         source = path.read_text()
-        tree = ast.parse(source)
+        tree = parse_source(source)
         if any(line.startswith("Size:") for line in (ast.get_docstring(tree) or "").splitlines()):
             continue
         if source.count("\n") > MAX_MODULE_LINES:

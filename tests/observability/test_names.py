@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from django_dbqueue.observability import metrics, tracing
-from tests.support import ROOT
+from tests.support import ROOT, parse_source
 
 pytestmark = pytest.mark.only_vendor("sqlite")  # the code and docs are the same everywhere
 
@@ -36,7 +36,7 @@ def metric_names_in_code() -> set[str]:
     """Every string constant of the observability room that is a metric name."""
     found: set[str] = set()
     for path in ROOM.glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parse_source(path.read_text())):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 if METRIC.fullmatch(node.value):
                     found.add(node.value)

@@ -18,7 +18,7 @@ from django_dbqueue.models import Job
 from django_dbqueue.queue.dialects import Dialect, dialect, estimated_rows, key_position
 from django_dbqueue.queue.dialects.choice import BY_VENDOR
 from django_dbqueue.queue.insert import OneRowInsert
-from tests.support import ROOT, jobs
+from tests.support import ROOT, jobs, parse_source
 
 PACKAGE = ROOT / "django_dbqueue"
 
@@ -35,7 +35,7 @@ ALLOWED = (
 
 def vendor_reads(path: Path) -> list[int]:
     """The lines of ``path`` that read an attribute named ``vendor``."""
-    tree = ast.parse(path.read_text())
+    tree = parse_source(path.read_text())
     return [
         node.lineno
         for node in ast.walk(tree)

@@ -24,7 +24,7 @@ import tomllib
 import pytest
 from django.core.management import get_commands, load_command_class
 
-from tests.support import ROOT
+from tests.support import ROOT, parse_source
 from tests.support.markdown import DOCS, SHELL, Block, all_blocks, inline_commands, shell_commands
 
 pytestmark = pytest.mark.only_vendor("sqlite")  # the docs are the same on every database
@@ -108,7 +108,7 @@ def check_pytest(args: list[str], env: dict[str, str]) -> None:
 def nox_sessions() -> set[str]:
     """The session names noxfile.py defines (read, not imported: nox is not installed in
     the test environments)."""
-    tree = ast.parse((ROOT / "noxfile.py").read_text())
+    tree = parse_source((ROOT / "noxfile.py").read_text())
     cells: list[tuple[str, str]] = []
     kinds: list[str] = []
     single: set[str] = set()  # @nox.session(python=...): one session, not a cell each
@@ -248,7 +248,7 @@ def import_problems(tree: ast.AST) -> list[str]:
 
 @pytest.mark.parametrize("block", python_blocks(), ids=lambda block: block.where)
 def test_python_block_parses_and_its_imports_import(block: Block) -> None:
-    tree = ast.parse(block.text, block.where)
+    tree = parse_source(block.text, block.where)
     assert import_problems(tree) == []
 
 

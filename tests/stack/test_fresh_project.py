@@ -31,7 +31,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 
-from tests.support import ROOT
+from tests.support import ROOT, parse_source
 from tests.support.markdown import Block, blocks, shell_commands
 
 pytestmark = [pytest.mark.fresh, pytest.mark.only_vendor("sqlite")]
@@ -113,7 +113,7 @@ def test_wheel_holds_every_file_of_the_app_and_nothing_else(dist: Dist) -> None:
 
 
 def noxfile_cells() -> list[tuple[str, str]]:
-    tree = ast.parse((ROOT / "noxfile.py").read_text())
+    tree = parse_source((ROOT / "noxfile.py").read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "CELLS":
             return list(ast.literal_eval(node.value))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT
+from tests.support import ROOT, parse_source
 
 # Imports do not depend on the database: the SQLite runs (and every smoke run) have it.
 pytestmark = [pytest.mark.smoke, pytest.mark.only_vendor("sqlite")]
@@ -94,7 +94,7 @@ def candidates() -> dict[str, list[str]]:
     """Dotted path of what is subscripted -> the places (file:line) that do it."""
     found: dict[str, list[str]] = {}
     for path in sorted(APP.rglob("*.py")):
-        tree = ast.parse(path.read_text(), str(path))
+        tree = parse_source(path.read_text(), str(path))
         lazy = any(
             isinstance(n, ast.ImportFrom)
             and n.module == "__future__"
@@ -155,7 +155,7 @@ def test_the_scan_sees_subscripts_in_bodies_and_bases_but_not_annotations() -> N
         "def f(x: Paginator[Any]) -> models.Field[Any, Any]:\n"
         "    return cast(models.Field[Any, Any], x)\n"
     )
-    tree = ast.parse(source)
+    tree = parse_source(source)
     names = imported_names(tree, "django_dbqueue.example")
     lines = sorted(node.lineno for node in runtime_subscripts(tree, lazy_annotations=True))
     assert lines == [7, 9]

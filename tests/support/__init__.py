@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -179,3 +180,16 @@ def grow_by_copying(rows: Any, total: int) -> None:
         select, params = copies.query.sql_with_params()
         with conn.cursor() as cursor:
             cursor.execute(f"INSERT INTO {Job._meta.db_table} ({into}) {select}", params)
+
+
+def parse_source(source: str, filename: str = "<unknown>") -> ast.Module:
+    """``ast.parse``, once more when CPython 3.11 before 3.11.8 raises its spurious
+    ``SystemError: AST constructor recursion depth mismatch`` (python/cpython#106905: the
+    AST builder's depth count is the interpreter's, and a finalizer or another thread
+    building an AST meanwhile, as 3.11's traceback formatting does, upsets it)."""
+    try:
+        return ast.parse(source, filename)
+    except SystemError as exc:
+        if "recursion depth mismatch" not in str(exc):
+            raise
+        return ast.parse(source, filename)
