@@ -38,7 +38,6 @@ from django_dbqueue.observability import hooks
 # Seconds: from a millisecond job to a long report, and waits up to an hour's backlog.
 RUN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
 WAIT_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
-OUTCOMES = ("done", "failed", "retried", "cancelled", "died")
 _QUEUE_TASK = attrgetter("queue", "task")
 _QUEUE, _TASK, _RUN_AFTER = attrgetter("queue"), attrgetter("task"), attrgetter("run_after")
 _NO_WAIT = timedelta(0)

@@ -106,10 +106,11 @@ def job_from_row(
     return job
 
 
-def fetch_rows(conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any]) -> list[Any]:
+def fetch_rows(conn: BaseDatabaseWrapper, sql: str, params: Sequence[Any]) -> Sequence[Any]:
     """The rows of a claim's statement, for :func:`job_from_row`, read through a cursor
     the dialect made ready for it (``Dialect.prepare_reading``)."""
     with conn.cursor() as cursor:
         dialect(conn).prepare_reading(conn, cursor)
         cursor.execute(sql, params)
-        return list(cursor.fetchall())
+        rows: Sequence[Any] = cursor.fetchall()
+        return rows

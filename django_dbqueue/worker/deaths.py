@@ -188,8 +188,9 @@ def _record_done(remains: Remains) -> set[int]:
     if finished:
         done = list(Job.objects.primary().filter(pk__in=finished))
         logged = {entry.job_id: entry for entry in remains.done}
-        started = [wall_time(logged[job.id].started_wall) for job in done]
-        ran = [logged[job.id].finished_wall - logged[job.id].started_wall for job in done]
+        entries = [logged[job.id] for job in done]
+        started = [wall_time(entry.started_wall) for entry in entries]
+        ran = [entry.finished_wall - entry.started_wall for entry in entries]
         hooks.ended(done, started, ran, done)
         for job in done:
             signals.job_finished.send(Job, job=job, worker=remains.name, result=job.result)
