@@ -21,7 +21,8 @@ the client: the hosts run ``tests/support/counted_claims.py``.
 
 ``--delay-ms D``: every request the hosts' connections send waits D ms first, a network
 of D ms round trips (tests/support/latency.py; this kernel has no ``sch_netem``).
-``--no-turns``: the children of a host claim without taking turns (worker/turns.py).
+``--no-handout``: the children of a host claim for themselves, not the supervisor for
+them (worker/handout.py).
 ``--one-queue``: the hosts drain the ``default`` queue only (testproject's workers take
 three): on PostgreSQL a claim of one queue is one locking read along the claim index.
 """
@@ -66,7 +67,7 @@ def main() -> None:
     parser.add_argument("--children", type=int, default=16)
     parser.add_argument("--jobs", type=int, default=30000)
     parser.add_argument("--delay-ms", type=float, default=0.0)
-    parser.add_argument("--no-turns", action="store_true")
+    parser.add_argument("--no-handout", action="store_true")
     parser.add_argument("--one-queue", action="store_true", help="hosts drain 'default' only")
     args = parser.parse_args()
     import django
@@ -78,7 +79,7 @@ def main() -> None:
 
     from django_dbqueue import enqueue_many
     from django_dbqueue.models import Job, WorkerProcess
-    from django_dbqueue.worker.turns import TURNS_FROM
+    from django_dbqueue.worker.handout import hands_out
     from tests.support import counted_claims, jobs
     from tests.support.server_counters import counters, statements
 
@@ -102,8 +103,8 @@ def main() -> None:
     if args.one_queue:
         host += ["--queue", "default"]
     env = {**os.environ, "DBQUEUE_TEST_DELAY_MS": str(args.delay_ms)}
-    if args.no_turns:
-        env["DBQUEUE_TEST_NO_TURNS"] = "1"
+    if args.no_handout:
+        env["DBQUEUE_TEST_NO_HANDOUT"] = "1"
     hosts = [
         subprocess.Popen(
             [*host, "--concurrency", str(args.children)],
@@ -137,7 +138,7 @@ def main() -> None:
                 "hosts": args.hosts,
                 "children": args.children,
                 "delay_ms": args.delay_ms,
-                "turns": not args.no_turns and args.children >= TURNS_FROM,
+                "handout": not args.no_handout and hands_out(args.children),
                 "jobs": args.jobs,
                 "done": done,
                 "seconds": round(seconds, 2),

@@ -20,12 +20,15 @@ from django_dbqueue.queue.dialects import (
     write_transaction,
 )
 from django_dbqueue.queue.reader import fetch_rows, job_from_row, row_reader
+from django_dbqueue.queue.shares import Shares, owner_assignment
 from django_dbqueue.status import CLAIMED, QUEUED
 
 if TYPE_CHECKING:
     from django_dbqueue.models import Job
 
 CLAIM_ORDER = ("-priority", "run_after", "id")
+# Whose the claimed jobs are: one worker, or several that asked together (queue/shares.py).
+Owner = str | Shares
 # Candidates read per claim, in batches: the first batch no other claimer holds is taken.
 SPREAD = 4
 
@@ -43,26 +46,27 @@ class Claimed(list["Job"]):
 
 
 def claim(
-    model: type[Job], using: str, owner: str, batch_size: int, queues: Sequence[str]
+    model: type[Job], using: str, owner: Owner, batch_size: int, queues: Sequence[str]
 ) -> Claimed:
-    """Claim up to ``batch_size`` runnable jobs of ``queues`` for ``owner``.
+    """Claim up to ``batch_size`` runnable jobs of ``queues`` for ``owner`` (or, given
+    :class:`~.shares.Shares`, for the workers that asked together, each its share).
 
-    1. read candidate ids: a plain read that walks the claim index in order,
-    2. in one short transaction, lock those ids skipping rows another claimer holds
-       (re-checking the status), 3. one UPDATE by primary key, 4. COMMIT.
-    Without locking reads (SQLite) all of it runs in one IMMEDIATE transaction instead.
-    A claim of one queue (PostgreSQL; MariaDB/MySQL 2 ms or more away: :func:`walks_index`)
-    does 1 and 2 in one locking read along the claim index (:func:`_claim_along_index`);
-    on PostgreSQL 1 to 4 are one statement for jobs without a concurrency key
-    (:mod:`.claim_statement`).
-    Attempts are counted here, so a job that kills its worker still uses one up.
+        1. read candidate ids: a plain read that walks the claim index in order,
+        2. in one short transaction, lock those ids skipping rows another claimer holds
+           (re-checking the status), 3. one UPDATE by primary key, 4. COMMIT.
+        Without locking reads (SQLite) all of it runs in one IMMEDIATE transaction instead.
+        A claim of one queue (PostgreSQL; MariaDB/MySQL 2 ms or more away: :func:`walks_index`)
+        does 1 and 2 in one locking read along the claim index (:func:`_claim_along_index`);
+        on PostgreSQL 1 to 4 are one statement for jobs without a concurrency key
+        (:mod:`.claim_statement`).
+        Attempts are counted here, so a job that kills its worker still uses one up.
 
-    Two claimers reading at once read the same ids, and the slower one's locking read
-    skips them all. So step 1 reads :data:`SPREAD` times the batch, and a claimer whose
-    first batch of them is held locks the next one in the same transaction, and so on
-    (with one claimer per host, a host's claim meets the claims of the other hosts: one
-    batch each). If every one is taken, it reads again past the ids it found taken;
-    taken three times over, it returns an empty :class:`Claimed` marked ``contended``.
+        Two claimers reading at once read the same ids, and the slower one's locking read
+        skips them all. So step 1 reads :data:`SPREAD` times the batch, and a claimer whose
+        first batch of them is held locks the next one in the same transaction, and so on
+        (with one claimer per host, a host's claim meets the claims of the other hosts: one
+        batch each). If every one is taken, it reads again past the ids it found taken;
+        taken three times over, it returns an empty :class:`Claimed` marked ``contended``.
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
@@ -97,21 +101,13 @@ def walks_index(using: str, queues: list[str]) -> bool:
     return least <= 0 or clock.round_trip(using) >= least
 
 
-def claims_take_turns(using: str, queues: list[str], children: int) -> bool:
-    """Whether the ``children`` of a host should claim ``queues`` in turn. Yes where
-    claims made at once read the same candidates and lock nothing but one of them: every
-    claim but one of one queue with locking reads, which walks the claim index past what
-    others hold (:func:`_claim_along_index`), so claimers at once each take their own rows
-    (measured on PostgreSQL: a 4-worker drain at half the rate with turns). Along the
-    index, from the dialect's ``turns_along_index_from`` children on (MariaDB: 8)."""
-    if not walks_index(using, queues):
-        return True
-    least = dialect(connections[using]).turns_along_index_from
-    return least is not None and children >= least
-
-
 def _claim(
-    model: type[Job], using: str, owner: str, batch_size: int, queue_list: list[str], locking: bool
+    model: type[Job],
+    using: str,
+    owner: Owner,
+    batch_size: int,
+    queue_list: list[str],
+    locking: bool,
 ) -> Claimed:
     conn = connections[using]
     if not locking:
@@ -166,7 +162,7 @@ def _lock_first(
 
 
 def _claim_along_index(
-    model: type[Job], using: str, owner: str, batch_size: int, queue: str
+    model: type[Job], using: str, owner: Owner, batch_size: int, queue: str
 ) -> Claimed:
     """One queue (where :func:`walks_index`): the locking read walks the claim index and
     skips the rows other claimers hold, so two claimers never lock-read the same rows and
@@ -174,12 +170,13 @@ def _claim_along_index(
     not hold. It reads again only when every job it locked was parked for its key.
     (Several queues need candidate ids first: a locking read cannot go through their
     UNION ALL.) Where the dialect claims in one statement, that comes first; the keyed
-    jobs it left are claimed here (queue/claim_statement.py)."""
+    jobs it left are claimed here (queue/claim_statement.py); a claim for several
+    workers is made here too."""
     one_statement = dialect(connections[using]).claims_in_one_statement
     for _ in range(3):
         now = clock.now(using)
         got: list[Job] = []
-        if one_statement and worth_trying(using, queue):
+        if one_statement and isinstance(owner, str) and worth_trying(using, queue):
             got, locked = claim_unkeyed(model, using, owner, batch_size, queue, now)
             if locked == len(got):
                 return Claimed(got)
@@ -193,7 +190,7 @@ def _claim_along_index(
 def _take(
     model: type[Job],
     using: str,
-    owner: str,
+    owner: Owner,
     now: datetime,
     read: Callable[[datetime, bool], list[Job]],
 ) -> tuple[int, list[Job]]:
@@ -263,10 +260,11 @@ def _read_jobs(
 
 
 def _mark(
-    model: type[Job], using: str, jobs: list[Job], owner: str, now: datetime, lock: bool
+    model: type[Job], using: str, jobs: list[Job], owner: Owner, now: datetime, lock: bool
 ) -> list[Job]:
-    """Claim the locked ``jobs`` for ``owner``: park those over their concurrency key's
-    limit, then one UPDATE by primary key. Returns the jobs claimed."""
+    """Claim the locked ``jobs`` for ``owner`` (each for its owner, given shares): park
+    those over their concurrency key's limit, then one UPDATE by primary key. Returns the
+    jobs claimed."""
     if not jobs:
         return []
     conn = connections[using]
@@ -277,17 +275,20 @@ def _mark(
         jobs = admit(model, using, jobs, lock)  # concurrency keys: park what does not fit
     if not jobs:
         return []
-    id_sql, id_params = dialect(conn).ids_in(conn, qn("id"), [job.id for job in jobs])
+    ids = [job.id for job in jobs]
+    owners = [owner] * len(jobs) if isinstance(owner, str) else owner.take(len(jobs))
+    owner_sql, owner_params = owner_assignment(conn, ids, owners)
+    id_sql, id_params = dialect(conn).ids_in(conn, qn("id"), ids)
     sql = (
         f"UPDATE {qn(model._meta.db_table)} SET {qn('status')} = %s, "  # noqa: S608
-        f"{qn('owner')} = %s, {qn('owner_date')} = %s, "
+        f"{qn('owner')} = {owner_sql}, {qn('owner_date')} = %s, "
         f"{qn('attempts')} = {qn('attempts')} + 1 "
         f"WHERE {id_sql}"
     )
     owner_date = conn.ops.adapt_datetimefield_value(now)
     with conn.cursor() as cursor:
-        cursor.execute(sql, [CLAIMED, owner, owner_date, *id_params])
-    for job in jobs:
-        job.status, job.owner, job.owner_date = CLAIMED, owner, now
+        cursor.execute(sql, [CLAIMED, *owner_params, owner_date, *id_params])
+    for job, name in zip(jobs, owners, strict=True):
+        job.status, job.owner, job.owner_date = CLAIMED, name, now
         job.attempts += 1
     return jobs

@@ -32,19 +32,17 @@ class BaseJobManager(models.Manager["Job"]):
         return self.get_queryset().using(self._using())  # type: ignore[return-value]
 
     def claim(
-        self, owner: str, batch_size: int = 100, queues: Sequence[str] | None = None
+        self, owner: claim.Owner, batch_size: int = 100, queues: Sequence[str] | None = None
     ) -> claim.Claimed:
-        """Claim up to ``batch_size`` runnable jobs for ``owner`` (see :mod:`.claim`)."""
+        """Claim up to ``batch_size`` runnable jobs for ``owner`` (see :mod:`.claim`).
+        Given :class:`~.shares.Shares` (a host's claimer, worker/handout.py), each worker
+        sends ``jobs_claimed`` for its own share when it receives it."""
         jobs = claim.claim(
             self.model, self._using(), owner, batch_size, list(queues or settings.QUEUES)
         )
-        signals.jobs_claimed.send(self.model, jobs=jobs, worker=owner)
+        if isinstance(owner, str):
+            signals.jobs_claimed.send(self.model, jobs=jobs, worker=owner)
         return jobs
-
-    def claims_take_turns(self, queues: Sequence[str], children: int) -> bool:
-        """Whether a host's ``children`` claim ``queues`` in turn
-        (:func:`.claim.claims_take_turns`)."""
-        return claim.claims_take_turns(self._using(), list(queues), children)
 
     def insert_many(self, jobs: Sequence[Job], batch_size: int = 1000) -> list[Job]:
         return insert.insert_many(self.model, self._using(), jobs, batch_size)

@@ -4,7 +4,7 @@ worked out once per connection, and a Job built without ``Model.__init__``."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django.conf import settings as django_settings
@@ -98,8 +98,14 @@ def job_from_row(
             for func in funcs:
                 value = func(value, col, conn)
             values[index] = value
+    return job_from_fields(model, using, zip(reader.names, values, strict=True))
+
+
+def job_from_fields(model: type[Job], using: str, fields: Iterable[tuple[str, Any]]) -> Job:
+    """A Job of these (attribute name, value) pairs, converted values as a claim reads
+    them; the attributes not given are deferred fields."""
     job = model.__new__(model)
-    job.__dict__.update(zip(reader.names, values, strict=True))
+    job.__dict__.update(fields)
     state = job._state = ModelState()
     state.adding = False
     state.db = using

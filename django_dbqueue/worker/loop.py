@@ -15,7 +15,6 @@ from a heartbeat thread (:class:`~django_dbqueue.worker.liveness.HeartbeatThread
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -40,11 +39,11 @@ from django_dbqueue.worker.connections import (
 )
 from django_dbqueue.worker.executors import make_executor
 from django_dbqueue.worker.executors.base import held_capacity
+from django_dbqueue.worker.handout import Handout, contended_pause
 from django_dbqueue.worker.listening import Listening
 from django_dbqueue.worker.liveness import HeartbeatThread, recover
 from django_dbqueue.worker.recording import Recorder, Stats, log_fields
 from django_dbqueue.worker.slots import Slot, SlotTable
-from django_dbqueue.worker.turns import ClaimTurns, contended_pause
 from django_dbqueue.worker.wakeup import Listener
 
 logger = logging.getLogger("django_dbqueue.worker")
@@ -75,7 +74,7 @@ class Worker:
         slot: Slot | None = None,
         threads: int = 1,
         async_concurrency: int = 0,
-        claim_turns: ClaimTurns | None = None,
+        handout: Handout | None = None,
         wakeup: Listener | None = None,
     ) -> None:
         self.queues = list(queues or settings.QUEUES)
@@ -111,8 +110,8 @@ class Worker:
             f"Worker {self.name} claiming", logger, self.name, where="claim"
         )
         self._heartbeat: HeartbeatThread | None = None
-        # The host's claim turn (worker/turns.py), shared with the supervisor's other children.
-        self._turns = claim_turns
+        # A supervisor's child of many: the supervisor claims for it (worker/handout.py).
+        self._handout = handout
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -299,16 +298,13 @@ class Worker:
         queues = self._pauses.active(self.listening.switched())
         if limit <= 0 or not queues:
             return Claimed()
-        turns = self._turns
-        if turns is not None and not Job.objects.claims_take_turns(queues, turns.children):
-            turns = None
-        with turns.turn() if turns else contextlib.nullcontext():
-            if self.stopping.is_set():
-                return Claimed()  # stopped while another child of the host claimed
-            waiting, started = self.executor.waiting(), self.executor.started_jobs()
+        waiting, started = self.executor.waiting(), self.executor.started_jobs()
+        if self._handout is not None:
+            jobs = self._handout.claim(self.name, limit, queues)
+        else:
             jobs = Job.objects.claim(self.name, limit, queues)
-            self._note_claim(waiting, self.executor.started_jobs() - started, self._fed)
-            self._fed = bool(jobs)
+        self._note_claim(waiting, self.executor.started_jobs() - started, self._fed)
+        self._fed = bool(jobs)
         self.recorder.hold(jobs)
         self._claimed += len(jobs)
         return jobs

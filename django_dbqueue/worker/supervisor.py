@@ -38,13 +38,13 @@ from django_dbqueue.worker.connections import (
 )
 from django_dbqueue.worker.duties import BurstTicks, Duties
 from django_dbqueue.worker.executors.base import held_capacity
+from django_dbqueue.worker.handout import HostClaims, hands_out
 from django_dbqueue.worker.liveness import Keeper, recover
 from django_dbqueue.worker.loop import STOP_SIGNALS
 from django_dbqueue.worker.progress import Progress, stop_line
 from django_dbqueue.worker.recording import Stats
 from django_dbqueue.worker.relay import Relay
 from django_dbqueue.worker.slots import RUNNING, Running, SlotTable
-from django_dbqueue.worker.turns import TURNS_FROM, ClaimTurns
 
 logger = logging.getLogger("django_dbqueue.supervisor")
 
@@ -60,8 +60,7 @@ class Supervisor:
         stopped_early: Callable[[], int] | None = None,
     ) -> None:
         self.concurrency = concurrency
-        self.turns = ClaimTurns(concurrency) if concurrency >= TURNS_FROM else None
-        self.options = {**worker_options, "claim_turns": self.turns}
+        self.options = dict(worker_options)
         self.progress = progress
         self.stopped_early = stopped_early  # stop signals before run() had its handlers
         self.queues = list(worker_options.get("queues") or settings.QUEUES)
@@ -72,6 +71,8 @@ class Supervisor:
         lanes = int(worker_options.get("threads") or 1)  # and one per async job at once
         lanes += int(worker_options.get("async_concurrency") or 0)
         self.table = SlotTable(concurrency, held_capacity(batch_size, lanes), lanes=lanes)
+        # The host's one claimer (handout.py), for a supervisor of many children.
+        self.claims = HostClaims(batch_size) if hands_out(concurrency) else None
         self.keeper = Keeper()
         self.relay = Relay(self.queues, concurrency)  # the host's wake-up listener: relay.py
         self._ctx = multiprocessing.get_context("fork")
@@ -107,6 +108,8 @@ class Supervisor:
         slot = self.table[index]
         slot.reset()
         token = rows.new_token()
+        if self.claims is not None:
+            options["handout"] = self.claims.open(index)
         # Never let a child inherit an open database socket.
         connections.close_all()
         process = self._ctx.Process(
@@ -125,6 +128,9 @@ class Supervisor:
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         name = rows.process_name(process.pid, token)
+        if self.claims is not None:
+            options["handout"].close()  # the child's end: it has its own now
+            self.claims.started(index, name)
         self._children[index] = Child(index, process, name, slot, time.monotonic())
 
     def _register_children(self) -> None:
@@ -146,6 +152,8 @@ class Supervisor:
                 continue
             child.process.join()
             del self._children[index]
+            if self.claims is not None:
+                self.claims.gone(index)  # before its jobs are settled: see handout.py
             code = child.process.exitcode
             remains = deaths.Remains.read(child.name, code, child.slot)
             remains.kill = child.kill
@@ -340,8 +348,8 @@ class Supervisor:
                 pass  # the row expires; nothing depends on a supervisor's row
             connections.close_all()
             self.relay.stop()
-            if self.turns is not None:
-                self.turns.remove()
+            if self.claims is not None:
+                self.claims.stop()
         return self.totals()
 
     def _start(self) -> None:
@@ -361,6 +369,8 @@ class Supervisor:
             retry_transient(self.duties.run, logger, "Starting", give_up)
         )
         self.relay.start()  # listening before the children's first claims
+        if self.claims is not None:
+            self.claims.start()
         for index in range(self.concurrency):
             if self._signals:
                 break  # told to stop while starting: start no children
@@ -374,6 +384,8 @@ class Supervisor:
         self._reap()
         self._police()
         self._respawn_due()
+        if self.claims is not None:
+            self.claims.keep_running()
         try:
             if time.monotonic() >= self._db_retry_at:
                 self._settle_graves()

@@ -6,8 +6,9 @@ claim a child makes appends one line to LOG: ``<statements> <jobs> <transactions
 the jobs it took, its claim transactions and how many of those locked nothing. Children
 are forked from this process, so they inherit the wrapping, and the round-trip delay
 of ``DBQUEUE_TEST_DELAY_MS`` (tests/support/latency.py) when it is set.
-``DBQUEUE_TEST_NO_TURNS=1`` gives the children no claim turn (worker/turns.py), to
-measure what the turns cost or save.
+``DBQUEUE_TEST_NO_HANDOUT=1`` has the children claim for themselves, not the supervisor
+for them (worker/handout.py), to measure what the hand-out costs or saves. The
+supervisor's claims are counted in its claimer thread, like a child's.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from django.db import connections  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 
 from django_dbqueue.queue import claim  # noqa: E402
-from django_dbqueue.worker import supervisor  # noqa: E402
+from django_dbqueue.worker import handout  # noqa: E402
 from tests.support import latency  # noqa: E402
 
 
@@ -72,6 +73,6 @@ if __name__ == "__main__":
     count_claims(sys.argv[1])
     if os.environ.get(latency.VARIABLE):
         latency.install()
-    if os.environ.get("DBQUEUE_TEST_NO_TURNS") == "1":
-        supervisor.TURNS_FROM = sys.maxsize  # type: ignore[misc]
+    if os.environ.get("DBQUEUE_TEST_NO_HANDOUT") == "1":
+        handout.HAND_OUT_FROM = sys.maxsize  # type: ignore[misc]
     call_command("run_jobs", *sys.argv[2:])

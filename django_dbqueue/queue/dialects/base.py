@@ -51,9 +51,6 @@ class Dialect:
     claims_in_one_statement: ClassVar[bool] = False
     #: ... where a statement's round trip is at least this many seconds (0: always).
     along_index_from_round_trip: ClassVar[float] = 0.0
-    #: Claims along the claim index do not collide, but from this many children on a
-    #: host they cost the server more at once than in turn (MariaDB; None: never).
-    turns_along_index_from: ClassVar[int | None] = None
     #: One statement can probe an index once per element of an array parameter
     #: (``unnest(%s) CROSS JOIN LATERAL``; see :meth:`array`): PostgreSQL. The others
     #: read many queues in chunks of UNION ALL instead.

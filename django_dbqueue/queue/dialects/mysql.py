@@ -34,19 +34,14 @@ class MySQL(Dialect):
     # One queue: one locking read along the claim index, as on PostgreSQL. In server
     # time it costs a little more than a candidate read and a locking read by primary key
     # (7.9 against 5.8 ms a claim of 100), but it is one round trip fewer, and claimers
-    # never read the same candidates, so a host's children need no claim turn: 3 hosts x
-    # 4 children over 20 ms round trips drained 5,567 no-op jobs/s against 1,266
-    # (docs/benchmarks.md, "round trips under injected delay").
+    # never read the same candidates: 3 hosts x 4 children over 20 ms round trips
+    # drained 5,567 no-op jobs/s against 1,266 taking turns (docs/benchmarks.md, "round
+    # trips under injected delay").
     locks_along_claim_index: ClassVar[bool] = True
     # Only where the server is a network away, though: next to it, the walk's extra
     # server time costs more than the round trip it saves (2 workers, one queue, no
     # delay: a quarter slower than a candidate read and a locking read by primary key).
     along_index_from_round_trip: ClassVar[float] = 0.002
-    # But sixteen children walking the index at once cost the server more than in turn:
-    # a host of 16 drained 3,706 jobs/s with the old claim, 2,247 along the index, about
-    # 3,800 along the index in turns (no delay; at 20 ms in turns is still the faster of
-    # the old two). Four children did better without turns, with or without a delay.
-    turns_along_index_from: ClassVar[int | None] = 8
 
     def uses_json_table(self, conn: BaseDatabaseWrapper) -> bool:
         """``JSON_TABLE`` as the queue uses it (``INSERT ... SELECT ... FROM
