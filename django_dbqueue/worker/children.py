@@ -11,6 +11,7 @@ one job does not take down the next one.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import signal
 import sys
@@ -24,6 +25,8 @@ from django.db import connections
 from django_dbqueue.worker import deaths, rows
 from django_dbqueue.worker.loop import make_worker
 from django_dbqueue.worker.slots import RUNNING, Running, Slot, SlotTable
+
+logger = logging.getLogger("django_dbqueue.supervisor")
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -59,6 +62,53 @@ def child_main(
     worker.run()
     connections.close_all()
     sys.exit(0)
+
+
+def overrun(
+    child: Child,
+    now: float,
+    grace: float,
+    interrupted: dict[tuple[str, int], tuple[int, float, float]],
+    stop_all: bool,
+) -> tuple[str, Running | None] | None:
+    """Why the supervisor must kill ``child`` now, and for which run, or None: a second
+    stop signal ``grace`` ago (``stop_all``), a job ``grace`` past its timeout, or a
+    cancelled job (``interrupted``: the keeper's) ``grace`` after its interrupt."""
+    if child.kill is not None:
+        return None
+    runs = child.slot.runs()
+    if stop_all:
+        return deaths.STOP, runs[0] if runs else None
+    for running in runs:
+        if running.phase != RUNNING:
+            continue
+        if running.deadline and now > running.deadline + grace:
+            return deaths.TIMEOUT, running
+        sent = interrupted.get((child.name, running.lane))
+        if sent is not None and sent[:2] == (running.job_id, running.started):
+            if now > sent[2] + grace:
+                return deaths.CANCEL, running
+    return None
+
+
+def kill(child: Child, reason: str, running: Running | None, grace: float, stop: str) -> None:
+    """SIGKILL ``child`` for ``reason`` (its job ``running``), unless that job ended just
+    now; ``stop``: the stop signal run_jobs got."""
+    if reason != deaths.STOP and running is not None and not still_on(child, running):
+        return  # the job ended just now: the next one must not go down with it
+    job_id = running.job_id if running is not None else 0
+    timeout = running.deadline - running.started if running is not None else 0.0
+    child.kill = deaths.Kill(reason, job_id, grace, timeout, stop)
+    # (A threaded child's other running jobs go down with it: deaths.py gives them
+    # back uncharged, since they did nothing wrong.)
+    logger.warning(
+        "Supervisor: killing worker %s (job %s: %s)",
+        child.name,
+        job_id or "none",
+        reason,
+        extra={"event": "worker_killed", "worker": child.name, "job_id": job_id},
+    )
+    child._signal(signal.SIGKILL)
 
 
 def still_on(child: Child, running: Running) -> bool:

@@ -29,7 +29,7 @@ from django.db import connections
 from django_dbqueue.conf import settings
 from django_dbqueue.models import WorkerProcess as WorkerRow
 from django_dbqueue.worker import deaths, rows
-from django_dbqueue.worker.children import Child, child_main, still_on
+from django_dbqueue.worker.children import Child, child_main, kill, overrun
 from django_dbqueue.worker.connections import (
     TRANSIENT_ERRORS,
     DatabaseWaits,
@@ -44,7 +44,7 @@ from django_dbqueue.worker.loop import STOP_SIGNALS
 from django_dbqueue.worker.progress import Progress, stop_line
 from django_dbqueue.worker.recording import Stats
 from django_dbqueue.worker.relay import Relay
-from django_dbqueue.worker.slots import RUNNING, Running, SlotTable
+from django_dbqueue.worker.slots import SlotTable
 
 logger = logging.getLogger("django_dbqueue.supervisor")
 
@@ -223,45 +223,11 @@ class Supervisor:
 
     def _police(self) -> None:
         now = time.monotonic()
+        stop_all = self._kill_all_at is not None and now >= self._kill_all_at
         for child in self._children.values():
-            if child.kill is not None:
-                continue
-            runs = child.slot.runs()
-            if self._kill_all_at is not None and now >= self._kill_all_at:
-                self._kill(child, deaths.STOP, runs[0] if runs else None)
-                continue
-            for running in runs:
-                if running.phase != RUNNING:
-                    continue
-                if running.deadline and now > running.deadline + self._grace:
-                    self._kill(child, deaths.TIMEOUT, running)
-                    break
-                sent = self.keeper.interrupted.get((child.name, running.lane))
-                if (
-                    sent is not None
-                    and sent[:2] == (running.job_id, running.started)
-                    and now > sent[2] + self._grace
-                ):
-                    self._kill(child, deaths.CANCEL, running)
-                    break
-
-    def _kill(self, child: Child, reason: str, running: Running | None) -> None:
-        if reason != deaths.STOP and running is not None and not still_on(child, running):
-            return  # the job ended just now: the next one must not go down with it
-        job_id = running.job_id if running is not None else 0
-        timeout = running.deadline - running.started if running is not None else 0.0
-        child.kill = deaths.Kill(reason, job_id, self._grace, timeout)
-        child.kill.signal = signal.Signals(self._stop_signal).name
-        # (A threaded child's other running jobs go down with it: deaths.py gives them
-        # back uncharged, since they did nothing wrong.)
-        logger.warning(
-            "Supervisor: killing worker %s (job %s: %s)",
-            child.name,
-            job_id or "none",
-            reason,
-            extra={"event": "worker_killed", "worker": child.name, "job_id": job_id},
-        )
-        child._signal(signal.SIGKILL)
+            verdict = overrun(child, now, self._grace, self.keeper.interrupted, stop_all)
+            if verdict is not None:
+                kill(child, *verdict, self._grace, signal.Signals(self._stop_signal).name)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals += 1
