@@ -18,6 +18,7 @@ same host: it compares them with that clock, which is the one that wrote them.
 from __future__ import annotations
 
 import socket
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -35,6 +36,7 @@ from django_dbqueue.worker.connections import (
     server_max_connections,
     supervisor_connections,
 )
+from django_dbqueue.worker.handout import hands_out
 
 
 @dataclass
@@ -130,13 +132,18 @@ def _connections(report: Report, using: str, now: datetime, max_age: float | Non
     if not server_max:
         return
     fresh = now - timedelta(seconds=default_heartbeat_age() if max_age is None else max_age)
-    listening = supervisor_connections(listens(using))
+    listen = listens(using)
     hosts: dict[str, int] = {}
     live = WorkerProcess.objects.using(using).filter(heartbeat_at__gte=fresh)
-    for host, role in live.values_list("host", "role"):
-        # A supervisor (or an unsupervised worker) holds its own and the LISTEN one; a
-        # child its own (it hears its supervisor's LISTEN: worker/relay.py).
-        used = child_connections() if role == WorkerProcess.Role.CHILD else listening
+    rows = list(live.values_list("name", "host", "role", "supervisor"))
+    child = WorkerProcess.Role.CHILD
+    children = Counter(supervisor for _, _, role, supervisor in rows if role == child)
+    for name, host, role, _ in rows:
+        # A child: its own (it hears its supervisor's LISTEN: worker/relay.py). A
+        # supervisor (or an unsupervised worker): its own, the LISTEN one, and its
+        # claimer's when it claims for its children (worker/handout.py).
+        claims = hands_out(children[name])
+        used = child_connections() if role == child else supervisor_connections(listen, claims)
         hosts[host] = hosts.get(host, 0) + used
     total = sum(hosts.values())
     report.facts["connections"] = {"workers": total, "hosts": hosts, "max_connections": server_max}

@@ -196,23 +196,26 @@ class Budget:
 
 
 def budget(concurrency: int, threads: int) -> Budget:
-    """The supervisor's own and its LISTEN connection (:func:`supervisor_connections`),
-    and per child what :func:`child_connections` counts."""
+    """The supervisor's own, its LISTEN and its claimer's connection
+    (:func:`supervisor_connections`), and per child what :func:`child_connections` counts."""
+    from django_dbqueue.worker.handout import hands_out  # handout.py imports this module
+
     alias = router.db_for_write(Job)
-    listen = listens(alias)
+    listen, claims = listens(alias), hands_out(concurrency)
     parts = ["worker"] + ([f"{threads} job threads"] if threads > 1 else [])
     per_child = child_connections(threads)
     relayed = " + 1 LISTEN (relayed to the children)" if listen else ""
-    explained = f"1 supervisor{relayed} + {concurrency} x {per_child}: {', '.join(parts)}"
-    total = supervisor_connections(listen) + concurrency * per_child
+    claimer = " + 1 claiming for the children" if claims else ""
+    explained = f"1 supervisor{relayed}{claimer} + {concurrency} x {per_child}: {', '.join(parts)}"
+    total = supervisor_connections(listen, claims) + concurrency * per_child
     return Budget(alias, total, explained, server_max_connections(alias))
 
 
-def supervisor_connections(listen: bool) -> int:
-    """A supervisor's connections (an unsupervised worker's too): its own, and the
-    host's one LISTEN connection (``listen``: see :func:`listens`), which it holds for
-    all its children (worker/relay.py)."""
-    return 1 + int(listen)
+def supervisor_connections(listen: bool, claims: bool = False) -> int:
+    """A supervisor's connections (an unsupervised worker's too): its own, the host's
+    one LISTEN connection (``listen``: see :func:`listens`), which it holds for all its
+    children (worker/relay.py), and its claimer's (``claims``: worker/handout.py)."""
+    return 1 + int(listen) + int(claims)
 
 
 def child_connections(threads: int = 1) -> int:

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from django_dbqueue.models import WorkerProcess
 from django_dbqueue.worker.connections import listens, server_max_connections
+from django_dbqueue.worker.handout import hands_out
 from tests.observability.test_health import health
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -41,8 +42,9 @@ def host_rows(host: str, children: int, age: float = 0.0) -> int:
         for i in range(children)
     ]
     WorkerProcess.objects.bulk_create(rows)
-    # The supervisor's own and, on PostgreSQL, the host's one LISTEN; a child its own.
-    return 1 + int(listens("default")) + children
+    # The supervisor's own, on PostgreSQL the host's one LISTEN, and its claimer's for
+    # 4 children or more (worker/handout.py); a child its own.
+    return 1 + int(listens("default")) + int(hands_out(children)) + children
 
 
 @pytest.mark.only_vendor("mysql", "postgresql")
