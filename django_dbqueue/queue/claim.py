@@ -51,22 +51,22 @@ def claim(
     """Claim up to ``batch_size`` runnable jobs of ``queues`` for ``owner`` (or, given
     :class:`~.shares.Shares`, for the workers that asked together, each its share).
 
-        1. read candidate ids: a plain read that walks the claim index in order,
-        2. in one short transaction, lock those ids skipping rows another claimer holds
-           (re-checking the status), 3. one UPDATE by primary key, 4. COMMIT.
-        Without locking reads (SQLite) all of it runs in one IMMEDIATE transaction instead.
-        A claim of one queue (PostgreSQL; MariaDB/MySQL 2 ms or more away: :func:`walks_index`)
-        does 1 and 2 in one locking read along the claim index (:func:`_claim_along_index`);
-        on PostgreSQL 1 to 4 are one statement for jobs without a concurrency key
-        (:mod:`.claim_statement`).
-        Attempts are counted here, so a job that kills its worker still uses one up.
+    1. read candidate ids: a plain read that walks the claim index in order,
+    2. in one short transaction, lock those ids skipping rows another claimer holds
+       (re-checking the status), 3. one UPDATE by primary key, 4. COMMIT.
+    Without locking reads (SQLite) all of it runs in one IMMEDIATE transaction instead.
+    A claim of one queue (PostgreSQL; MariaDB/MySQL 2 ms or more away: :func:`walks_index`)
+    does 1 and 2 in one locking read along the claim index (:func:`_claim_along_index`);
+    on PostgreSQL 1 to 4 are one statement for jobs without a concurrency key
+    (:mod:`.claim_statement`).
+    Attempts are counted here, so a job that kills its worker still uses one up.
 
-        Two claimers reading at once read the same ids, and the slower one's locking read
-        skips them all. So step 1 reads :data:`SPREAD` times the batch, and a claimer whose
-        first batch of them is held locks the next one in the same transaction, and so on
-        (with one claimer per host, a host's claim meets the claims of the other hosts: one
-        batch each). If every one is taken, it reads again past the ids it found taken;
-        taken three times over, it returns an empty :class:`Claimed` marked ``contended``.
+    Two claimers reading at once read the same ids, and the slower one's locking read
+    skips them all. So step 1 reads :data:`SPREAD` times the batch, and a claimer whose
+    first batch of them is held locks the next one in the same transaction, and so on
+    (with one claimer per host, a host's claim meets the claims of the other hosts: one
+    batch each). If every one is taken, it reads again past the ids it found taken;
+    taken three times over, it returns an empty :class:`Claimed` marked ``contended``.
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
