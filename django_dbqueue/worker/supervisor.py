@@ -110,7 +110,9 @@ class Supervisor:
         token = rows.new_token()
         if self.claims is not None:
             options["handout"] = self.claims.open(index)
-        # Never let a child inherit an open database socket.
+        # No connection of this thread's goes to a child. (The claimer's, in its own
+        # thread, does: the child never uses it, and neither mysqlclient nor psycopg
+        # closes a connection at a forked child's exit; on SQLite there is no claimer.)
         connections.close_all()
         process = self._ctx.Process(
             target=child_main,
