@@ -195,13 +195,12 @@ class Budget:
         return bool(self.server_max) and self.total > CONNECTIONS_WARNING * self.server_max  # type: ignore[operator]
 
 
-def budget(concurrency: int, threads: int) -> Budget:
-    """The supervisor's own, its LISTEN and its claimer's connection
+def budget(concurrency: int, threads: int, claims: bool = False) -> Budget:
+    """The supervisor's own, its LISTEN and (``claims``: it claims for its children,
+    worker/handout.py's ``hands_out``) its claimer's connection
     (:func:`supervisor_connections`), and per child what :func:`child_connections` counts."""
-    from django_dbqueue.worker.handout import hands_out  # handout.py imports this module
-
     alias = router.db_for_write(Job)
-    listen, claims = listens(alias), hands_out(concurrency)
+    listen = listens(alias)
     parts = ["worker"] + ([f"{threads} job threads"] if threads > 1 else [])
     per_child = child_connections(threads)
     relayed = " + 1 LISTEN (relayed to the children)" if listen else ""

@@ -10,7 +10,7 @@ from django.conf import settings as django_settings
 from django.test import override_settings
 
 from django_dbqueue.worker.connections import budget
-from django_dbqueue.worker.handout import HAND_OUT_FROM
+from django_dbqueue.worker.handout import HAND_OUT_FROM, hands_out
 from tests.support import CURRENT_VENDOR, Processes
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -27,8 +27,9 @@ def test_the_budget_counts_the_supervisor_its_listener_each_child_and_its_thread
         assert budget(3, 1).total == 4
     # From 4 children on, a server database's supervisor claims for them, on a
     # connection of its own (worker/handout.py); SQLite's children claim for themselves.
-    claims = CURRENT_VENDOR != "sqlite"
-    many = budget(HAND_OUT_FROM, 1)
+    claims = hands_out(HAND_OUT_FROM)
+    assert claims is (CURRENT_VENDOR != "sqlite")
+    many = budget(HAND_OUT_FROM, 1, claims)
     assert many.total == 1 + int(listen) + int(claims) + HAND_OUT_FROM
     assert ("1 claiming for the children" in many.explained) is claims
     if CURRENT_VENDOR == "sqlite":

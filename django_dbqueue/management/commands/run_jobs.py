@@ -19,6 +19,7 @@ from django_dbqueue.models import Job
 from django_dbqueue.queue.dialects import server_address
 from django_dbqueue.queue.schema import schema_problem
 from django_dbqueue.worker.connections import CONNECTIONS_WARNING, backoff, budget
+from django_dbqueue.worker.handout import hands_out
 from django_dbqueue.worker.progress import Progress
 from django_dbqueue.worker.supervisor import Supervisor
 
@@ -218,7 +219,7 @@ class Command(BaseCommand):
                 f"Running jobs from {', '.join(queues)} with {concurrency} "
                 f"process(es){threads}, {mode}. Ctrl-C to stop."
             )
-        planned = budget(concurrency, int(options["threads"] or 1))
+        planned = budget(concurrency, int(options["threads"] or 1), hands_out(concurrency))
         if verbose:
             self.stdout.write(planned.line())
         if planned.too_many():
