@@ -142,8 +142,10 @@ def _connections(report: Report, using: str, now: datetime, max_age: float | Non
         # A child: its own (it hears its supervisor's LISTEN: worker/relay.py). A
         # supervisor (or an unsupervised worker): its own, the LISTEN one, and its
         # claimer's when it claims for its children (worker/handout.py).
-        claims = hands_out(children[name])
-        used = child_connections() if role == child else supervisor_connections(listen, claims)
+        if role == child:
+            used = child_connections()
+        else:
+            used = supervisor_connections(listen, hands_out(children[name]))
         hosts[host] = hosts.get(host, 0) + used
     total = sum(hosts.values())
     report.facts["connections"] = {"workers": total, "hosts": hosts, "max_connections": server_max}
