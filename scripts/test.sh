@@ -250,5 +250,13 @@ for path in sorted(glob.glob("test-results/*.xml")):
 failed = totals["failures"] + totals["errors"]
 passed = totals["tests"] - failed - totals["skipped"]
 print(f"\ntotal: {passed} passed, {failed} failed, {totals['skipped']} skipped")
+# Each failure's run, test and message, last: a CI log cut short keeps its end.
+for path in sorted(glob.glob("test-results/*.xml")):
+    run = os.path.basename(path).removesuffix(".xml")
+    for case in ET.parse(path).getroot().iter("testcase"):
+        for outcome in (*case.iter("failure"), *case.iter("error")):
+            message = " ".join((outcome.get("message") or outcome.text or "").split())
+            print(f"\nFAILED in {run}: {case.get('classname')}::{case.get('name')}")
+            print(f"    {message[:600]}")
 PY
 exit $status

@@ -59,6 +59,20 @@ def make_worker_name() -> str:
     return rows.process_name()
 
 
+class StopEvent(threading.Event):
+    """The worker's ``stopping``: an Event that its own signal handler may set.
+
+    A handler runs in the main thread between two bytecodes, maybe while that thread
+    holds this Event's lock inside ``wait()`` (a plain Event's lock then deadlocks the
+    handler, which waits for itself). On a re-entrant lock the handler goes through; a
+    wait it overlapped that way ends at its timeout, and every wait here has one.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._cond = threading.Condition(threading.RLock())
+
+
 class Worker:
     def __init__(
         self,
@@ -93,7 +107,8 @@ class Worker:
             slot = SlotTable(1, held_capacity(self.batch_size, lanes), lanes=lanes)[0]
         self.slot = slot
         self.batch_size = min(self.batch_size, slot.capacity)
-        self.stopping = threading.Event()
+        self.stopping: threading.Event = StopEvent()
+        self._stopped_by = ""  # the stop signal's name, for the log line (_shutdown)
         self.recorder = Recorder(self.name, slot, on_progress)
         self.stats = self.recorder.stats
         self.executor = make_executor(
@@ -148,17 +163,14 @@ class Worker:
         return previous
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # Only what is safe in a handler: no lock the main thread may hold, no logging
+        # (a stream it was writing to refuses a re-entrant write). _shutdown logs it.
         # Under a supervisor, the signal run_jobs got (it passes every stop on as SIGTERM).
         name = signal.Signals(self.slot.stop_signal() or signum).name
         if self.stopping.is_set():
             self.executor.stop_now(name)  # second signal: stop the running jobs now
             return
-        logger.info(
-            "Worker %s: %s received, finishing the running job(s) then exiting",
-            self.name,
-            name,
-            extra=log_fields("worker_stopping", self.name),
-        )
+        self._stopped_by = name
         self.stop()
 
     def _on_cancel(self, signum: int, frame: FrameType | None) -> None:
@@ -313,6 +325,13 @@ class Worker:
 
     def _shutdown(self) -> None:
         self.stopping.set()
+        if self._stopped_by:
+            logger.info(
+                "Worker %s: %s received, finishing the running job(s) then exiting",
+                self.name,
+                self._stopped_by,
+                extra=log_fields("worker_stopping", self.name),
+            )
         self.executor.join()
         # If the database stays away, give up after a while: whatever we could not
         # record or hand back is settled by the supervisor when we are gone, or recovered

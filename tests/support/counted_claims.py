@@ -2,8 +2,9 @@
 
 Run as ``python -m tests.support.counted_claims LOG [run_jobs arguments ...]``. Every
 claim a child makes appends one line to LOG: ``<statements> <jobs> <transactions>
-<empty>``: the statements the claim sent (from Django's query log of the connection),
-the jobs it took, its claim transactions and how many of those locked nothing. Children
+<empty> <pid>``: the statements the claim sent (from Django's query log of the
+connection), the jobs it took, its claim transactions, how many of those locked nothing
+and the process that claimed. Children
 are forked from this process, so they inherit the wrapping, and the round-trip delay
 of ``DBQUEUE_TEST_DELAY_MS`` (tests/support/latency.py) when it is set.
 ``DBQUEUE_TEST_NO_HANDOUT=1`` has the children claim for themselves, not the supervisor
@@ -47,7 +48,7 @@ def count_claims(log: str) -> None:
         with CaptureQueriesContext(connections[using]) as queries:
             jobs = claim_jobs(model, using, *args)
         empty = sum(1 for locked in takes if not locked)
-        line = f"{len(queries)} {len(jobs)} {len(takes)} {empty}\n"
+        line = f"{len(queries)} {len(jobs)} {len(takes)} {empty} {os.getpid()}\n"
         os.write(fd, line.encode())
         return jobs
 
@@ -61,8 +62,12 @@ def start(processes: Any, log: str, *run_jobs_args: str, env: dict[str, str]) ->
     return processes.python("-m", "tests.support.counted_claims", log, *run_jobs_args, env=env)
 
 
-def read(log: str) -> list[tuple[int, int, int, int]]:
-    """The lines of ``log``: (statements, jobs, transactions, empty transactions) per claim."""
+Claim = tuple[int, int, int, int, int]
+
+
+def read(log: str) -> list[Claim]:
+    """The lines of ``log``: (statements, jobs, transactions, empty transactions, the
+    claiming process's pid) per claim."""
     if not os.path.exists(log):
         return []
     with open(log) as lines:

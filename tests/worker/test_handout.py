@@ -66,12 +66,14 @@ def test_a_host_with_many_children_claims_for_them_all(
         # SQLite: each child claims its own batch, the claims queued on the write lock.
         assert max(claim[1] for claim in taking) <= 100
         assert len(taking) == total // 100, Counter(claim[1] for claim in taking)
+        assert proc.pid not in {claim[4] for claim in claims}
     else:
         # One claim serves every child that asked meanwhile: claims of several batches,
         # fewer claims than batches, up to MOST_AT_ONCE batches each.
         assert max(claim[1] for claim in taking) > 100, Counter(c[1] for c in taking)
         assert max(claim[1] for claim in taking) <= handout.MOST_AT_ONCE * 100
         assert len(taking) < total // 100, Counter(claim[1] for claim in taking)
+        assert {claim[4] for claim in claims} == {proc.pid}, "the supervisor's claims only"
     # One claimer: not one claim transaction that locked nothing.
     assert sum(claim[3] for claim in claims) == 0
     statements = [claim[0] for claim in claims]

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import signal
 from datetime import timedelta
 
 import pytest
@@ -147,3 +148,27 @@ def test_registering_a_process_again_after_a_lost_reply_keeps_its_one_row() -> N
     again = rows.register("host:1:abc", 1, WorkerRow.Role.CHILD, ["default"], "sup")
     assert again.pk == first.pk
     assert WorkerRow.objects.filter(name="host:1:abc").count() == 1
+
+
+def test_a_stop_signal_landing_while_the_main_thread_holds_the_stop_lock_goes_through() -> None:
+    """A signal handler runs in the main thread, maybe just as Event.wait() took back its
+    lock: setting a plain Event there waited for itself, and the worker never stopped
+    (seen in CI: a run_jobs child hung in Worker._on_signal). No database needed."""
+
+    def hung(signum: int, frame: object) -> None:
+        raise AssertionError("the stop signal's handler deadlocked on the stop event")
+
+    worker = Worker(name="signalled", handle_signals=True)
+    previous = worker._install_signals()
+    alarm = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(10)  # a deadlocked lock acquire is interrupted by this one
+    try:
+        with worker.stopping._cond:  # type: ignore[attr-defined]  # as inside wait()
+            signal.raise_signal(signal.SIGTERM)
+        assert worker.stopping.is_set()
+        assert worker._stopped_by == "SIGTERM"
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, alarm)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
