@@ -132,6 +132,23 @@ def queue_head(conn: BaseDatabaseWrapper) -> str:
     )
 
 
+def queue_heads(conn: BaseDatabaseWrapper, columns: str, table: str) -> str:
+    """A locking read of the first runnable jobs of each of several queues, the best
+    overall first (``lateral_arrays``: PostgreSQL): each queue's head is read along the
+    claim index as :func:`queue_head`'s, in one statement. Its parameters: the queues
+    (one array), QUEUED, :func:`run_after_param`, the limit per queue, the limit. Rows
+    past the limit stay locked, unclaimed, until the transaction ends."""
+    qn = conn.ops.quote_name
+    order = f"h.{qn('priority')} DESC, h.{qn('run_after')}, h.{qn('id')}"
+    return (
+        f"SELECT h.* FROM unnest({dialect(conn).array('varchar')}) AS q(name) "  # noqa: S608
+        f"CROSS JOIN LATERAL (SELECT {columns} FROM {table} "
+        f"WHERE {qn('status')} = %s AND {qn('queue')} = q.name AND {qn('run_after')} <= %s "
+        f"ORDER BY {qn('priority')} DESC, {qn('run_after')}, {qn('id')} LIMIT %s "
+        f"FOR UPDATE SKIP LOCKED) AS h ORDER BY {order} LIMIT %s"
+    )
+
+
 def run_after_param(model: type[Job], conn: BaseDatabaseWrapper, now: datetime) -> Any:
     """``now`` as a parameter compared with ``run_after``."""
     return model._meta.get_field("run_after").get_db_prep_value(now, conn)

@@ -11,7 +11,12 @@ from django.db import connections
 
 from django_dbqueue.conf import settings
 from django_dbqueue.queue import clock, ratelimits
-from django_dbqueue.queue.candidates import candidate_ids, queue_head, run_after_param
+from django_dbqueue.queue.candidates import (
+    candidate_ids,
+    queue_head,
+    queue_heads,
+    run_after_param,
+)
 from django_dbqueue.queue.claim_statement import claim_order, claim_unkeyed, worth_trying
 from django_dbqueue.queue.concurrency import admit, release_parked
 from django_dbqueue.queue.dialects import (
@@ -55,10 +60,11 @@ def claim(
     2. in one short transaction, lock those ids skipping rows another claimer holds
        (re-checking the status), 3. one UPDATE by primary key, 4. COMMIT.
     Without locking reads (SQLite) all of it runs in one IMMEDIATE transaction instead.
-    A claim of one queue (PostgreSQL; MariaDB/MySQL 2 ms or more away: :func:`walks_index`)
-    does 1 and 2 in one locking read along the claim index (:func:`_claim_along_index`);
-    on PostgreSQL 1 to 4 are one statement for jobs without a concurrency key
-    (:mod:`.claim_statement`).
+    A claim of up to :data:`MOST_QUEUES_WALKED` queues (PostgreSQL; MariaDB/MySQL 2 ms or
+    more away: :func:`walks_index`) does 1 and 2 in one locking read along each queue's
+    claim index (:func:`_claim_along_index`; on PostgreSQL one statement for them all);
+    on PostgreSQL a claim of one queue for one worker is one statement, 1 to 4, for jobs
+    without a concurrency key (:mod:`.claim_statement`).
     Attempts are counted here, so a job that kills its worker still uses one up.
 
     Two claimers reading at once read the same ids, and the slower one's locking read
@@ -89,13 +95,22 @@ def claim(
     return jobs
 
 
+# A claim of this many queues or fewer walks each one's claim index (where the dialect
+# walks it): each queue's read may lock a whole batch, of which the claim keeps a share,
+# and on MariaDB/MySQL each is a round trip. More are read as candidates first.
+MOST_QUEUES_WALKED = 4
+
+
 def walks_index(using: str, queues: list[str]) -> bool:
-    """Is a claim of ``queues`` one locking read along the claim index
-    (:func:`_claim_along_index`)? One queue, a database with locking reads that can walk
-    it, and a server at least the dialect's ``along_index_from_round_trip`` away
-    (MariaDB/MySQL: 2 ms, measured by the clock's readings; PostgreSQL: always)."""
+    """Is a claim of ``queues`` a locking read along each queue's claim index
+    (:func:`_claim_along_index`)? Up to :data:`MOST_QUEUES_WALKED` queues, on a database
+    with locking reads that can walk it, and a server at least the dialect's
+    ``along_index_from_round_trip`` away (MariaDB/MySQL: 2 ms, measured by the clock's
+    readings; PostgreSQL: always)."""
     speaks = dialect(connections[using])
-    if not (speaks.locking_reads and len(queues) == 1 and speaks.locks_along_claim_index):
+    if not (speaks.locking_reads and speaks.locks_along_claim_index):
+        return False
+    if not 1 <= len(queues) <= MOST_QUEUES_WALKED:
         return False
     least = speaks.along_index_from_round_trip
     return least <= 0 or clock.round_trip(using) >= least
@@ -122,7 +137,7 @@ def _claim(
                 return Claimed(jobs)
         return Claimed(contended=True)
     if walks_index(using, queue_list):
-        return _claim_along_index(model, using, owner, batch_size, queue_list[0])
+        return _claim_along_index(model, using, owner, batch_size, queue_list)
     taken: list[int] = []
     for _ in range(3):
         now = clock.now(using)
@@ -162,29 +177,55 @@ def _lock_first(
 
 
 def _claim_along_index(
-    model: type[Job], using: str, owner: Owner, batch_size: int, queue: str
+    model: type[Job], using: str, owner: Owner, batch_size: int, queues: list[str]
 ) -> Claimed:
-    """One queue (where :func:`walks_index`): the locking read walks the claim index and
+    """Where :func:`walks_index`: the locking read walks each queue's claim index and
     skips the rows other claimers hold, so two claimers never lock-read the same rows and
     neither has to read again. Empty: nothing runnable is left that another claimer does
     not hold. It reads again only when every job it locked was parked for its key.
-    (Several queues need candidate ids first: a locking read cannot go through their
-    UNION ALL.) Where the dialect claims in one statement, that comes first; the keyed
+    Where the dialect claims in one statement, that comes first for one queue; the keyed
     jobs it left are claimed here (queue/claim_statement.py); a claim for several
-    workers is made here too."""
+    workers is made here too. Several queues: a read of each, in one transaction, and
+    the best ``batch_size`` of what they locked are claimed (:func:`_lock_heads`)."""
     one_statement = dialect(connections[using]).claims_in_one_statement
     for _ in range(3):
         now = clock.now(using)
         got: list[Job] = []
-        if one_statement and isinstance(owner, str) and worth_trying(using, queue):
-            got, locked = claim_unkeyed(model, using, owner, batch_size, queue, now)
+        if (
+            one_statement
+            and len(queues) == 1
+            and isinstance(owner, str)
+            and worth_trying(using, queues[0])
+        ):
+            got, locked = claim_unkeyed(model, using, owner, batch_size, queues[0], now)
             if locked == len(got):
                 return Claimed(got)
-        read = partial(_lock_next, model, using, queue, batch_size - len(got))
+        read = partial(_lock_heads, model, using, queues, batch_size - len(got))
         locked, jobs = _take(model, using, owner, now, read)
         if got or jobs or not locked:
             return Claimed(sorted(got + jobs, key=claim_order))
     return Claimed(contended=True)
+
+
+def _lock_heads(
+    model: type[Job], using: str, queues: list[str], limit: int, now: datetime, lock: bool
+) -> list[Job]:
+    """The best ``limit`` of :func:`_lock_next` of each queue: one statement on
+    PostgreSQL (``LATERAL``, :func:`~.candidates.queue_heads`). A locking read cannot go
+    through a UNION ALL, so elsewhere each queue is read apart. Each queue's read may lock
+    ``limit``: the rows beyond the best ``limit`` stay locked, unclaimed, until the
+    COMMIT a moment later."""
+    if len(queues) == 1:
+        return _lock_next(model, using, queues[0], limit, now, lock)
+    conn = connections[using]
+    if dialect(conn).lateral_arrays:
+        reader = row_reader(model, conn)
+        sql = queue_heads(conn, reader.columns, conn.ops.quote_name(model._meta.db_table))
+        params = [queues, QUEUED, run_after_param(model, conn, now), limit, limit]
+        rows = fetch_rows(conn, sql, params)
+        return [job_from_row(model, using, row, reader, conn) for row in rows]
+    heads = [job for queue in queues for job in _lock_next(model, using, queue, limit, now, lock)]
+    return sorted(heads, key=claim_order)[:limit]
 
 
 def _take(

@@ -15,7 +15,13 @@ them (on MariaDB/MySQL and PostgreSQL: :func:`hands_out`), from a thread of its 
   (:class:`~django_dbqueue.queue.shares.Shares`): a child's jobs are its own in the
   table, so its leases, finishes and death are handled exactly as when it claimed itself;
 - each child gets its jobs, as the claim built them, down its pipe, holds them in its
-  slot and runs them.
+  slot and runs them. A claim that found jobs, but fewer than were asked for (other
+  hosts took some of those it saw), fills the requests in the order they came; a child
+  left with none is not answered yet: its request is the first the next claim serves.
+  An empty answer means the claim found nothing (the queue is empty, or every job it
+  saw was taken: ``contended``, and the child pauses before it asks again). A claim
+  that found the queues empty answers every request for them that was waiting when it
+  began: at the end of a drain, one empty claim, not one for every four children.
 
 A child that dies between the claim and the hand-out: the supervisor marks it gone
 (:meth:`HostClaims.gone`) before it settles its jobs, and the claimer looks at that mark
@@ -260,18 +266,36 @@ class HostClaims:
             for request in requests:
                 self._send(request.link, _sendable(exc))
             return
+        if not claimed and not claimed.contended:
+            # Nothing runnable: the answer of every request for these queues that came
+            # before this claim began (those still pending), not a claim each.
+            alike = [request for request in self._pending if request.queues == requests[0].queues]
+            self._pending = [request for request in self._pending if request not in alike]
+            requests = requests + alike
+        self._hand_out(requests, claimed)
+
+    def _hand_out(self, requests: list[_Request], claimed: Claimed) -> None:
+        """Each child its jobs of ``claimed``. A claim that found jobs, but none for a
+        child (others took part of what it saw), leaves that child's request first in line
+        for the next claim: an empty answer would say the queue is empty (a --burst child
+        exits)."""
         mine: dict[str, list[Job]] = defaultdict(list)
         for job in claimed:
             mine[str(job.owner)].append(job)
         using = router.db_for_write(Job)
+        unserved = []
         for request in requests:
             jobs = mine.get(request.link.name, [])
+            if claimed and not jobs:
+                unserved.append(request)
+                continue
             keys = [key for key in jobs[0].__dict__ if key != "_state"] if jobs else []
             rows = [tuple(job.__dict__[key] for key in keys) for job in jobs]
             if request.link.gone or not self._send(
                 request.link, (using, keys, rows, claimed.contended)
             ):
                 self._give_back(request.link.name, jobs)
+        self._pending[:0] = unserved
 
     def _send(self, link: _Link, answer: Any) -> bool:
         """Send ``answer`` to a child; False when it is gone."""

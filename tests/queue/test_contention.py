@@ -18,6 +18,9 @@ from tests.support import jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 locking = pytest.mark.only_vendor("mysql", "postgresql")
+# More queues than a claim walks the claim index of (claim.MOST_QUEUES_WALKED): their
+# claims read candidates first on every database.
+MANY_QUEUES = ["default", *(f"q{n}" for n in range(claim.MOST_QUEUES_WALKED))]
 
 
 @contextmanager
@@ -49,10 +52,10 @@ def test_a_claim_whose_every_candidate_is_taken_three_times_reports_contention()
     # Each read takes SPREAD (4) batches of at least BATCH_SIZE as candidates: 3 x 4 x 100.
     ids = [job.pk for job in enqueue_many({"task": jobs.noop} for _ in range(1200))]
     with locked_by_another_claimer(ids):
-        claimed = Job.objects.claim("late", batch_size=100)
+        claimed = Job.objects.claim("late", batch_size=100, queues=MANY_QUEUES)
         assert claimed == []
         assert claimed.contended
-    claimed = Job.objects.claim("late", batch_size=100)
+    claimed = Job.objects.claim("late", batch_size=100, queues=MANY_QUEUES)
     assert [job.pk for job in claimed] == ids[:100]
     assert not claimed.contended
 
@@ -61,7 +64,7 @@ def test_a_claim_whose_every_candidate_is_taken_three_times_reports_contention()
 def test_a_claim_reads_past_the_jobs_another_claimer_holds() -> None:
     ids = [job.pk for job in enqueue_many({"task": jobs.noop} for _ in range(10))]
     with locked_by_another_claimer(ids[:5]):
-        claimed = Job.objects.claim("late", batch_size=5)
+        claimed = Job.objects.claim("late", batch_size=5, queues=MANY_QUEUES)
     assert [job.pk for job in claimed] == ids[5:]
 
 
@@ -69,10 +72,10 @@ def test_a_claim_reads_past_the_jobs_another_claimer_holds() -> None:
 def test_a_claim_whose_candidates_are_held_takes_the_spare_ones_without_reading_again() -> None:
     """Two claimers read the same candidates when one reads while the other's claim is
     under way: the later one locks the next batch of what it read, in the same
-    transaction. (Two queues: on PostgreSQL one queue is claimed along the index.)"""
+    transaction. (Many queues: on PostgreSQL a few are claimed along the index.)"""
     ids = [job.pk for job in enqueue_many({"task": jobs.noop} for _ in range(12))]
     with locked_by_another_claimer(ids[:5]), CaptureQueriesContext(connection) as queries:
-        claimed = Job.objects.claim("late", batch_size=5, queues=["default", "other"])
+        claimed = Job.objects.claim("late", batch_size=5, queues=MANY_QUEUES)
     assert [job.pk for job in claimed] == ids[5:10]
     reads = [query["sql"] for query in queries if "dbqueue_job" in query["sql"]]
     # One read of candidates; a locking read of the first five (all held), then of the
@@ -138,6 +141,32 @@ def test_a_claim_of_one_queue_whose_jobs_are_all_held(
     # The walk along the index saw every runnable job held: nothing is left for this
     # claimer; and so did the candidates read first, 60 within the window of one read.
     assert not claimed.contended
+
+
+@locking
+@pytest.mark.usefixtures("far_server")
+def test_a_claim_of_a_few_queues_takes_the_best_jobs_of_them_all_that_nobody_holds() -> None:
+    """A few queues walk each one's claim index, in one transaction (PostgreSQL: in one
+    locking read): held jobs are skipped, the batch fills, best first across the queues,
+    and the jobs a queue's read locked beyond the batch are left queued for others."""
+    assert claim.walks_index("default", ["default", "emails", "reports"])
+    made = enqueue_many(
+        {"task": jobs.noop, "queue": queue, "priority": priority}
+        for priority in (0, 5)
+        for queue in ("default", "emails", "reports")
+        for _ in range(3)
+    )
+    held = [job.pk for job in made if job.priority == 5 and job.queue == "emails"]
+    with locked_by_another_claimer(held), CaptureQueriesContext(connection) as queries:
+        claimed = Job.objects.claim("late", batch_size=8, queues=["default", "emails", "reports"])
+    urgent = [job.pk for job in made if job.priority == 5 and job.pk not in held]
+    assert [job.pk for job in claimed][:6] == urgent  # priority 5 first, in order
+    assert all(job.priority == 0 for job in claimed[6:]) and len(claimed) == 8
+    left = Job.objects.filter(status=Job.Status.QUEUED).exclude(pk__in=held)
+    assert left.count() == len(made) - len(held) - 8  # locked, not claimed: still queued
+    walks = [query["sql"] for query in queries if "FOR UPDATE SKIP LOCKED" in query["sql"]]
+    assert len(walks) == (1 if connection.vendor == "postgresql" else 3)
+    assert not [query for query in queries if "UNION ALL" in query["sql"]]
 
 
 def test_the_clock_measures_the_servers_round_trip() -> None:

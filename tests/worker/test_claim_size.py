@@ -30,6 +30,26 @@ def test_fast_jobs_are_claimed_a_whole_batch_at_a_time() -> None:
     assert worker.claim_size() == 50
 
 
+def test_a_workers_first_job_each_lane_is_not_averaged() -> None:
+    """A new process's first job pays for its warm-up (25 to 90 ms for a no-op among 48
+    children starting at once): averaged in, it kept the claims small for seconds."""
+    enqueue_many([{"task": jobs.sleep, "args": [0.3], "priority": 9}])
+    enqueue_many({"task": jobs.noop} for _ in range(5))
+    with override_settings(DBQUEUE={**settings.DBQUEUE, "CLAIM_AHEAD": 6}):
+        worker = Worker(burst=True, handle_signals=False, batch_size=50)
+        worker.run()
+    assert worker.stats.done == 6
+    # 5 no-ops of under 0.12 s each: a whole batch of 6 s (the 0.3 s job averaged in
+    # would make it 39).
+    assert worker.claim_size() == 50
+    threaded = Worker(handle_signals=False, batch_size=50, threads=2)
+    for seconds in (5.0, 4.0):  # one a lane
+        threaded.recorder.note_time(seconds)
+    assert threaded.recorder.job_seconds is None
+    threaded.recorder.note_time(0.5)
+    assert threaded.recorder.job_seconds == 0.5
+
+
 def test_slow_jobs_are_claimed_one_at_a_time() -> None:
     enqueue_many({"task": jobs.sleep, "args": [0.3]} for _ in range(2))
     worker = Worker(burst=True, handle_signals=False, batch_size=50)

@@ -74,8 +74,10 @@ def test_a_host_with_many_children_claims_for_them_all(
         assert max(claim[1] for claim in taking) <= handout.MOST_AT_ONCE * 100
         assert len(taking) < total // 100, Counter(claim[1] for claim in taking)
         assert {claim[4] for claim in claims} == {proc.pid}, "the supervisor's claims only"
-    # One claimer: not one claim transaction that locked nothing.
-    assert sum(claim[3] for claim in claims) == 0
+    # One claimer: not one claim transaction that locked nothing while jobs were left;
+    # a claim that found the queue empty (the drain's end) answered every child waiting.
+    assert sum(claim[3] for claim in taking) == 0
+    assert len(claims) - len(taking) <= children, claims
     statements = [claim[0] for claim in claims]
     assert max(statements) <= STATEMENTS_PER_CLAIM, statements
 
@@ -255,3 +257,30 @@ def test_a_childs_claim_is_served_through_its_pipe(
     with pytest.raises(OperationalError, match="gone away"):
         child.claim("host:1:child", 5, ["default"])
     child.close()
+
+
+def test_a_child_left_without_jobs_by_a_short_claim_is_served_by_the_next(
+    claims: HostClaims,
+) -> None:
+    """A claim that found fewer jobs than were asked for (other hosts took some of what
+    it saw) answers the children it filled; one it left with none is not told "empty"
+    (a --burst child would exit with jobs left): it is first in line for the next claim.
+    A claim that finds nothing answers every child waiting for those queues at once."""
+    enqueue_many({"task": jobs.noop} for _ in range(2))
+    sides = [claims.open(index) for index in range(3)]
+    for index in range(3):
+        claims.started(index, f"host:1:c{index}")
+    links = [claims._links[index] for index in range(3)]
+    first, second = (handout._Request(link, 2, ("default",)) for link in links[:2])
+    third = handout._Request(links[2], 2, ("default",))
+    claims._pending = [third]  # waiting meanwhile: not in this claim
+    claims._serve([first, second])
+    assert [side._conn.poll(0) for side in sides] == [True, False, False]
+    assert len(sides[0]._conn.recv()[2]) == 2
+    assert claims._pending == [second, third]
+    claims._serve(claims._next_claim())  # nothing left: both are answered, one claim
+    assert claims._pending == []
+    answers = [side._conn.recv() for side in sides[1:]]
+    assert [(rows, contended) for _, _, rows, contended in answers] == [([], False)] * 2
+    for side in sides:
+        side.close()
