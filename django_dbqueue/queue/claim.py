@@ -25,15 +25,13 @@ from django_dbqueue.queue.dialects import (
     write_transaction,
 )
 from django_dbqueue.queue.reader import fetch_rows, job_from_row, row_reader
-from django_dbqueue.queue.shares import Shares, owner_assignment
+from django_dbqueue.queue.shares import Owner, owner_assignment
 from django_dbqueue.status import CLAIMED, QUEUED
 
 if TYPE_CHECKING:
     from django_dbqueue.models import Job
 
 CLAIM_ORDER = ("-priority", "run_after", "id")
-# Whose the claimed jobs are: one worker, or several that asked together (queue/shares.py).
-Owner = str | Shares
 # Candidates read per claim, in batches: the first batch no other claimer holds is taken.
 SPREAD = 4
 
@@ -183,21 +181,16 @@ def _claim_along_index(
     skips the rows other claimers hold, so two claimers never lock-read the same rows and
     neither has to read again. Empty: nothing runnable is left that another claimer does
     not hold. It reads again only when every job it locked was parked for its key.
-    Where the dialect claims in one statement, that comes first for one queue; the keyed
-    jobs it left are claimed here (queue/claim_statement.py); a claim for several
-    workers is made here too. Several queues: a read of each, in one transaction, and
-    the best ``batch_size`` of what they locked are claimed (:func:`_lock_heads`)."""
+    Where the dialect claims in one statement, that comes first; the keyed jobs it left
+    are claimed here (queue/claim_statement.py). Several queues: a read of each, in one
+    transaction, and the best ``batch_size`` of what they locked are claimed
+    (:func:`_lock_heads`)."""
     one_statement = dialect(connections[using]).claims_in_one_statement
     for _ in range(3):
         now = clock.now(using)
         got: list[Job] = []
-        if (
-            one_statement
-            and len(queues) == 1
-            and isinstance(owner, str)
-            and worth_trying(using, queues[0])
-        ):
-            got, locked = claim_unkeyed(model, using, owner, batch_size, queues[0], now)
+        if one_statement and worth_trying(using, queues):
+            got, locked = claim_unkeyed(model, using, owner, batch_size, queues, now)
             if locked == len(got):
                 return Claimed(got)
         read = partial(_lock_heads, model, using, queues, batch_size - len(got))

@@ -17,6 +17,7 @@ from django_dbqueue import signals
 from django_dbqueue.conf import settings
 from django_dbqueue.queue import claim, finish, insert, leases
 from django_dbqueue.queue.actions import JobQuerySet
+from django_dbqueue.queue.shares import Owner
 
 if TYPE_CHECKING:
     from django_dbqueue.models import Job
@@ -32,7 +33,7 @@ class BaseJobManager(models.Manager["Job"]):
         return self.get_queryset().using(self._using())  # type: ignore[return-value]
 
     def claim(
-        self, owner: claim.Owner, batch_size: int = 100, queues: Sequence[str] | None = None
+        self, owner: Owner, batch_size: int = 100, queues: Sequence[str] | None = None
     ) -> claim.Claimed:
         """Claim up to ``batch_size`` runnable jobs for ``owner`` (see :mod:`.claim`).
         Given :class:`~.shares.Shares` (a host's claimer, worker/handout.py), each worker

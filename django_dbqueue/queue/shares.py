@@ -31,6 +31,16 @@ class Shares:
         self._next = 0  # the asker whose share is being filled
         self._given = 0  # jobs given to it so far
 
+    def upcoming(self, count: int) -> list[str]:
+        """The owners :meth:`take` would give the next ``count`` jobs (fewer where fewer
+        are asked for), without taking them: for a statement that numbers its rows."""
+        saved = self._next, self._given
+        left = sum(wanted for _, wanted in self.wants[self._next :]) - self._given
+        try:
+            return self.take(min(count, left))
+        finally:
+            self._next, self._given = saved
+
     def take(self, count: int) -> list[str]:
         """The owners of the claim's next ``count`` jobs (a claim may mark its jobs in
         several steps: each step takes the next owners)."""
@@ -63,3 +73,7 @@ def owner_assignment(
         branches.append(f"WHEN {sql} THEN %s")
         params += [*id_params, name]
     return f"CASE {' '.join(branches)} END", params
+
+
+# Whose a claim's jobs are: one worker's, or those of several that asked together.
+Owner = str | Shares

@@ -12,6 +12,7 @@ from django_dbqueue import enqueue, enqueue_many
 from django_dbqueue.models import ConcurrencyKey, Job
 from django_dbqueue.queue import claim_statement
 from django_dbqueue.queue.concurrency import PARKED_UNTIL
+from django_dbqueue.queue.shares import Shares
 from tests.support import jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -83,3 +84,34 @@ def test_after_a_claim_of_only_keyed_rows_the_next_claims_skip_the_statement() -
         assert claim_and_count() == ([], 0)
     plain = enqueue(jobs.noop)
     assert claim_and_count() == ([plain.id], 1), "tried again"
+
+
+@pytest.mark.only_vendor("postgresql")
+def test_a_hosts_claim_of_a_few_queues_for_its_children_is_one_statement() -> None:
+    """A host's claimer (worker/handout.py) claims several queues for several children:
+    one statement still, the best jobs across the queues first, each job its asker's in
+    claim order; a keyed job among them is claimed the usual way, for the next asker."""
+    queues = ["default", "emails", "reports"]
+    made = enqueue_many(
+        {"task": jobs.noop, "queue": queue, "priority": n % 4}
+        for n, queue in enumerate(queues * 4)
+    )
+    keyed = enqueue(jobs.noop, queue="emails", concurrency_key="k", priority=9)
+    table = Job._meta.db_table
+    shares = Shares([("c1", 4), ("c2", 4), ("c3", 6)])
+    with CaptureQueriesContext(connection) as seen:
+        claimed = Job.objects.claim(shares, shares.total, queues)
+    best_first = sorted([*made, keyed], key=lambda job: (-job.priority, job.run_after, job.id))
+    assert [job.id for job in claimed] == [job.id for job in best_first][:13]
+    # The statement's jobs go to the askers in order; the keyed one, claimed after them
+    # (the best of all: priority 9), to the asker whose share is left.
+    assert claimed[0].id == keyed.id and claimed[0].owner == "c3"
+    assert [job.owner for job in claimed[1:]] == ["c1"] * 4 + ["c2"] * 4 + ["c3"] * 4
+    stored = dict(Job.objects.filter(status=S.CLAIMED).values_list("pk", "owner"))
+    assert stored == {job.id: job.owner for job in claimed}
+    returning = [q["sql"] for q in seen.captured_queries if "RETURNING" in q["sql"]]
+    assert len(returning) == 1 and "LATERAL" in returning[0]
+    # The keyed job was locked by the statement and left to the usual claim, which
+    # admitted it under its key.
+    assert Job.objects.get(pk=keyed.pk).owner == "c3"
+    assert table in returning[0]

@@ -3,10 +3,10 @@
 Run as ``python -m tests.support.counted_claims LOG [run_jobs arguments ...]``. Every
 claim a child makes appends one line to LOG: ``<statements> <jobs> <transactions>
 <empty> <pid>``: the statements the claim sent (from Django's query log of the
-connection), the jobs it took, its claim transactions, how many of those locked nothing
-and the process that claimed. Children
-are forked from this process, so they inherit the wrapping, and the round-trip delay
-of ``DBQUEUE_TEST_DELAY_MS`` (tests/support/latency.py) when it is set.
+connection), the jobs it took, its claim transactions (PostgreSQL's claim statement is
+one), how many of those locked nothing and the process that claimed. Children are
+forked from this process, so they inherit the wrapping, and the round-trip delay of
+``DBQUEUE_TEST_DELAY_MS`` (tests/support/latency.py) when it is set.
 ``DBQUEUE_TEST_NO_HANDOUT=1`` has the children claim for themselves, not the supervisor
 for them (worker/handout.py), to measure what the hand-out costs or saves. The
 supervisor's claims are counted in its claimer thread, like a child's.
@@ -52,7 +52,15 @@ def count_claims(log: str) -> None:
         os.write(fd, line.encode())
         return jobs
 
+    unkeyed = claim.claim_unkeyed
+
+    def counted_unkeyed(*args: Any, **kwargs: Any) -> tuple[list[Any], int]:
+        jobs, locked = unkeyed(*args, **kwargs)  # one statement: a transaction of its own
+        takes.append(locked)
+        return jobs, locked
+
     claim._take = counted_take  # type: ignore[assignment]
+    claim.claim_unkeyed = counted_unkeyed  # type: ignore[assignment]
     claim.claim = counted_claim  # type: ignore[assignment]
 
 

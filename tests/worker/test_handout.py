@@ -153,8 +153,10 @@ def test_three_supervisors_each_drain_at_least_a_fifth(
 ) -> None:
     total = 6000
     # Idle children poll every 50 ms: where no wake-up reaches them (SQLite without
-    # Redis), a drain may be over within one of the default poll intervals.
-    env = worker_env(POLL_INTERVAL=0.05)
+    # Redis), a drain may be over within one of the default poll intervals. Batches of
+    # 25: a host's claim of 4 children's batches of 100 would be a fifteenth of the
+    # drain, and a host that the machine's load held back for two claims fell short.
+    env = worker_env(POLL_INTERVAL=0.05, BATCH_SIZE=25)
     supervisors = [processes.run_jobs("--concurrency", str(children), env=env) for _ in range(3)]
     # Jobs only once every child of the three is registered: none gets a head start.
     children_rows = WorkerProcess.objects.filter(role=WorkerProcess.Role.CHILD)
