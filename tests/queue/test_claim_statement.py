@@ -93,8 +93,7 @@ def test_a_hosts_claim_of_a_few_queues_for_its_children_is_one_statement() -> No
     claim order; a keyed job among them is claimed the usual way, for the next asker."""
     queues = ["default", "emails", "reports"]
     made = enqueue_many(
-        {"task": jobs.noop, "queue": queue, "priority": n % 4}
-        for n, queue in enumerate(queues * 4)
+        {"task": jobs.noop, "queue": queue, "priority": n % 4} for n, queue in enumerate(queues * 4)
     )
     keyed = enqueue(jobs.noop, queue="emails", concurrency_key="k", priority=9)
     table = Job._meta.db_table
