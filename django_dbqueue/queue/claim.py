@@ -60,9 +60,8 @@ def claim(
     Without locking reads (SQLite) all of it runs in one IMMEDIATE transaction instead.
     A claim of up to :data:`MOST_QUEUES_WALKED` queues (PostgreSQL; MariaDB/MySQL 2 ms or
     more away: :func:`walks_index`) does 1 and 2 in one locking read along each queue's
-    claim index (:func:`_claim_along_index`; on PostgreSQL one statement for them all);
-    on PostgreSQL a claim of one queue for one worker is one statement, 1 to 4, for jobs
-    without a concurrency key (:mod:`.claim_statement`).
+    claim index (:func:`_claim_along_index`); on PostgreSQL 1 to 4 are one statement for
+    jobs without a concurrency key (:mod:`.claim_statement`).
     Attempts are counted here, so a job that kills its worker still uses one up.
 
     Two claimers reading at once read the same ids, and the slower one's locking read
@@ -207,7 +206,7 @@ def _lock_heads(
     PostgreSQL (``LATERAL``, :func:`~.candidates.queue_heads`). A locking read cannot go
     through a UNION ALL, so elsewhere each queue is read apart. Each queue's read may lock
     ``limit``: the rows beyond the best ``limit`` stay locked, unclaimed, until the
-    COMMIT a moment later."""
+    COMMIT a moment later. (Only where :func:`walks_index`: always a locking read.)"""
     if len(queues) == 1:
         return _lock_next(model, using, queues[0], limit, now, lock)
     conn = connections[using]
