@@ -88,19 +88,31 @@ class _Receivers:
 
 class HostCollector(Collector):
     """Every process's files of the run directory, added up; the live gauges of
-    processes that have exited are dropped first (``mark_process_dead``)."""
+    processes that have exited are dropped first (``mark_process_dead``). A file a
+    process is creating that moment (a child started in place of a killed one) is left
+    for the next scrape: empty, it is no file of values yet, and reading it failed the
+    whole scrape (HTTP 500)."""
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.inner = MultiProcessCollector(None, path=path)  # type: ignore[no-untyped-call]
 
     def collect(self) -> Iterable[Any]:
         for name in glob.glob(os.path.join(self.path, "gauge_live*_*.db")):
             pid = int(name.rsplit("_", 1)[1].removesuffix(".db"))
             if not _alive(pid):
                 mark_process_dead(pid, self.path)  # type: ignore[no-untyped-call]
-        found: Iterable[Any] = self.inner.collect()  # type: ignore[no-untyped-call]
+        files = [name for name in glob.glob(os.path.join(self.path, "*.db")) if _begun(name)]
+        found: Iterable[Any] = MultiProcessCollector.merge(files)  # type: ignore[no-untyped-call]
         return found
+
+
+def _begun(name: str) -> bool:
+    """Has the process writing ``name`` given it its header (mmap_dict: the first 8
+    bytes say how much is used)?"""
+    try:
+        return os.path.getsize(name) >= 8
+    except FileNotFoundError:  # a live gauge of a process marked dead meanwhile
+        return False
 
 
 def _alive(pid: int) -> bool:

@@ -7,6 +7,7 @@ import ast
 import os
 import re
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -66,6 +67,23 @@ def test_span_names_and_attributes_are_documented() -> None:
     assert attributes, "the attributes are where this test reads them"
     assert {a for a in attributes if f"`{a}`" not in table_row} == set()
     assert f"`{tracing.MESSAGING_SYSTEM}`" in table_row
+
+
+def test_a_scrape_skips_a_metrics_file_a_process_is_creating() -> None:
+    """A child started in place of a killed one creates its files while a scrape reads
+    the directory: an empty one failed the scrape with HTTP 500."""
+    server = metrics.Server(0, "127.0.0.1")
+    try:
+        server.metrics.claims.inc()
+        pid = os.getpid() + 1_000_000  # no such process
+        for name in (f"counter_{pid}.db", f"gauge_livesum_{pid}.db"):
+            (Path(server.directory) / name).touch()
+        url = f"http://127.0.0.1:{server.port}/metrics"
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+    finally:
+        server.close()
+    assert "dbqueue_claims_total 1.0" in text
 
 
 def test_a_scrape_shows_only_documented_names(tmp_path: Any) -> None:
