@@ -115,9 +115,10 @@ def build_job(
     ``given`` are options of ``options.NAMES`` (the caller has refused other names).
     ``defaults`` lets a caller building many jobs read the settings once. Options left
     at None take the task's ``@job`` defaults, then the ``DBQUEUE`` ones. With
-    ``check_task`` off, ``task`` is a path the caller has checked itself.
+    ``check_task`` off, ``task`` is a path the caller has checked itself. Without
+    ``now``, the job database's time is read after the checks: bad input is refused
+    before any query, the clock's included.
     """
-    now = now or clock.queue_now()
     defaults = defaults or Defaults.read()
     shared = check_shared(task, defaults, given, backend=backend, check_task=check_task)
     # The options checked for each job (options.PER_JOB_NAMES), each in its own way.
@@ -132,6 +133,7 @@ def build_job(
         given.get("concurrency_limit"),
         defaults,
     )
+    now = now or clock.queue_now()
     job = new_job(
         {
             **shared_attrs(shared, now),
@@ -175,8 +177,8 @@ def enqueue(
     refuse_event_loop("enqueue", "aenqueue")
     if options:
         bounds.unknown_options("enqueue()", options, NAMES)
-    using = clock.job_database()  # once: the time and the INSERT are of that database
-    job, _created = save_job(build_job(task, args, kwargs, now=clock.now(using), **options), using)
+    job = build_job(task, args, kwargs, **options)  # the time of the job database
+    job, _created = save_job(job, clock.job_database())
     return job
 
 
