@@ -15,6 +15,14 @@ from tests.support import jobs
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def drained(claim_ahead: float) -> Worker:
+    """A worker of batches of 50 that has run every job, with CLAIM_AHEAD ``claim_ahead``."""
+    with override_settings(DBQUEUE={**settings.DBQUEUE, "CLAIM_AHEAD": claim_ahead}):
+        worker = Worker(burst=True, handle_signals=False, batch_size=50)
+        worker.run()
+    return worker
+
+
 def test_a_new_worker_claims_one_job() -> None:
     assert Worker(handle_signals=False, batch_size=50).claim_size() == 1
 
@@ -23,9 +31,7 @@ def test_fast_jobs_are_claimed_a_whole_batch_at_a_time() -> None:
     # "Fast" next to CLAIM_AHEAD: a minute ahead, a no-op job that took even a second on
     # a loaded machine (0.15 s ahead: 3 ms, which a busy CI runner exceeds) fills a batch.
     enqueue_many({"task": jobs.noop} for _ in range(5))
-    with override_settings(DBQUEUE={**settings.DBQUEUE, "CLAIM_AHEAD": 60}):
-        worker = Worker(burst=True, handle_signals=False, batch_size=50)
-        worker.run()
+    worker = drained(claim_ahead=60)
     assert worker.stats.done == 5
     assert worker.claim_size() == 50
 
@@ -35,9 +41,7 @@ def test_a_workers_first_job_each_lane_is_not_averaged() -> None:
     children starting at once): averaged in, it kept the claims small for seconds."""
     enqueue_many([{"task": jobs.sleep, "args": [0.3], "priority": 9}])
     enqueue_many({"task": jobs.noop} for _ in range(5))
-    with override_settings(DBQUEUE={**settings.DBQUEUE, "CLAIM_AHEAD": 6}):
-        worker = Worker(burst=True, handle_signals=False, batch_size=50)
-        worker.run()
+    worker = drained(claim_ahead=6)
     assert worker.stats.done == 6
     # 5 no-ops of under 0.12 s each: a whole batch of 6 s (the 0.3 s job averaged in
     # would make it 39).
