@@ -177,8 +177,8 @@ def enqueue(
     refuse_event_loop("enqueue", "aenqueue")
     if options:
         bounds.unknown_options("enqueue()", options, NAMES)
-    job = build_job(task, args, kwargs, **options)  # the time of the job database
-    job, _created = save_job(job, clock.job_database())
+    # Its time and its INSERT are the job database's (clock.queue_now, save_job).
+    job, _created = save_job(build_job(task, args, kwargs, **options))
     return job
 
 
