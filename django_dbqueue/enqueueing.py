@@ -19,6 +19,7 @@ from typing import Any, Unpack
 
 from asgiref.sync import sync_to_async
 from django.db import OperationalError, connections, router, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.base import ModelState
 
 from django_dbqueue import bounds, signals
@@ -108,6 +109,7 @@ def build_job(
     now: datetime | None = None,
     defaults: Defaults | None = None,
     check_task: bool = True,
+    using: str | None = None,
     **given: Any,
 ) -> Job:
     """Validate one job and return it unsaved. Raises InvalidJob on any bad input.
@@ -116,8 +118,8 @@ def build_job(
     ``defaults`` lets a caller building many jobs read the settings once. Options left
     at None take the task's ``@job`` defaults, then the ``DBQUEUE`` ones. With
     ``check_task`` off, ``task`` is a path the caller has checked itself. Without
-    ``now``, the job database's time is read after the checks: bad input is refused
-    before any query, the clock's included.
+    ``now``, the time of the job database (``using``, when the caller has it) is read
+    after the checks: bad input is refused before any query, the clock's included.
     """
     defaults = defaults or Defaults.read()
     shared = check_shared(task, defaults, given, backend=backend, check_task=check_task)
@@ -133,7 +135,7 @@ def build_job(
         given.get("concurrency_limit"),
         defaults,
     )
-    now = now or clock.queue_now()
+    now = now or clock.now(using or clock.job_database())
     job = new_job(
         {
             **shared_attrs(shared, now),
@@ -177,8 +179,9 @@ def enqueue(
     refuse_event_loop("enqueue", "aenqueue")
     if options:
         bounds.unknown_options("enqueue()", options, NAMES)
-    # Its time and its INSERT are the job database's (clock.queue_now, save_job).
-    job, _created = save_job(build_job(task, args, kwargs, **options))
+    # Its time and its INSERT are the job database's, found once.
+    using = router.db_for_write(Job)
+    job, _created = save_job(build_job(task, args, kwargs, using=using, **options), using)
     return job
 
 
@@ -220,20 +223,24 @@ def save_job(job: Job, using: str | None = None) -> tuple[Job, bool]:
     """
     using = using or router.db_for_write(Job)
     check_transaction(using)
+    conn = connections[using]
     if job.concurrency_key is not None:
         ensure_keys(using, [job.concurrency_key])
     job.trace_context = tracing.current_traceparent()
     wanted = job.__dict__.pop(dependencies.DEPENDS, None)
     if wanted is None:
-        saved, created = _insert(job, using)
+        saved, created = _insert(job, conn)
     else:  # its dependencies locked while it and its edges are written
         with transaction.atomic(using=using):
             edges = dependencies.prepare(job, using, wanted)
-            saved, created = _insert(job, using)
+            saved, created = _insert(job, conn)
             if created:
                 dependencies.link(using, saved.id, edges, wanted)
     if created:
-        transaction.on_commit(partial(_committed, [saved], using), using=using)
+        if conn.in_atomic_block or not conn.get_autocommit():
+            transaction.on_commit(partial(_committed, [saved], using), using=using)
+        else:  # committed already: what on_commit would do at once
+            _committed([saved], using)
     return saved, created
 
 
@@ -270,11 +277,11 @@ def _committed(jobs: list[Job], using: str) -> None:
     signals.jobs_enqueued.send(Job, jobs=jobs)
 
 
-def _insert(job: Job, using: str) -> tuple[Job, bool]:
+def _insert(job: Job, conn: BaseDatabaseWrapper) -> tuple[Job, bool]:
     """One INSERT statement, in the caller's transaction or (outside one) autocommitted
     by itself: no savepoint, no BEGIN/COMMIT of its own. On PostgreSQL the same
     statement makes the wake-up's pg_notify (sent on commit)."""
-    conn = connections[using]
+    using = conn.alias
     values = job.__dict__
     text = json_text(job)
     unique = job.unique_key is not None
@@ -288,7 +295,10 @@ def _insert(job: Job, using: str) -> tuple[Job, bool]:
     retry_deadlocks = unique and not conn.in_atomic_block
     for _ in range(5):
         try:
-            with transaction.mark_for_rollback_on_error(using):
+            if conn.in_atomic_block:  # (outside one there is nothing to mark)
+                with transaction.mark_for_rollback_on_error(using):
+                    new_id = insert_one(Job, conn, values, text, unique, notify)
+            else:
                 new_id = insert_one(Job, conn, values, text, unique, notify)
         except OperationalError as exc:
             if not (retry_deadlocks and is_deadlock(exc)):

@@ -25,6 +25,7 @@ DEFAULT_PARTS = ("enqueue", "drain", "raw", "latency", "steady", "history")
 # (figure, its yardstick in the raw part): the share is reported when both were measured.
 OF_RAW = (
     ("enqueue_single_per_s", "raw_enqueue_single_per_s"),
+    ("raw_enqueue_single_bound_per_s", "raw_enqueue_single_per_s"),
     ("enqueue_bulk_per_s", "raw_enqueue_bulk_per_s"),
     ("drain_per_s", "raw_drain_per_s"),
 )
@@ -308,6 +309,8 @@ def _raw(options: dict[str, Any], results: runs.Results, say: Say) -> None:
     fig = results.figures
     fig["raw_enqueue_single_per_s"] = baseline.raw_enqueue_single(options["single"])
     runs.clear_jobs()
+    fig["raw_enqueue_single_bound_per_s"] = baseline.raw_enqueue_single(options["single"], True)
+    runs.clear_jobs()
     fig["raw_enqueue_bulk_per_s"] = baseline.raw_enqueue_bulk(options["bulk"])
     runs.clear_jobs()
     if options["job_ms"] or options["keys"] or options["threads"] > 1:
@@ -323,6 +326,7 @@ def _raw(options: dict[str, Any], results: runs.Results, say: Say) -> None:
         f"{name} {fig[key]:,.0f} /s"
         for name, key in (
             ("one at a time", "raw_enqueue_single_per_s"),
+            ("one at a time, the driver binding", "raw_enqueue_single_bound_per_s"),
             ("bulk", "raw_enqueue_bulk_per_s"),
             ("drain", "raw_drain_per_s"),
         )

@@ -85,12 +85,15 @@ class _Config(NamedTuple):
     # (job database, queues) -> the key of their job announcements in _announced, as
     # notify made it: what jobs_committed looks up before it calls notify.
     keys: dict[tuple[str, str], tuple[str, str, str]]
+    # job database -> its wake-up (method()), found once: asked at every enqueue.
+    methods: dict[str, str]
 
 
 _config = PerSettings(
-    lambda: _Config(bool(settings.WAKEUP), settings.WAKEUP_REDIS_ALIAS or None, {}, {}, {}),
+    lambda: _Config(bool(settings.WAKEUP), settings.WAKEUP_REDIS_ALIAS or None, {}, {}, {}, {}),
     "DBQUEUE",
     "CACHES",
+    "DATABASES",
 )
 
 
@@ -124,11 +127,15 @@ def method(using: str | None = None) -> str:
     config = _config()
     if not config.wakeup:
         return "poll"
-    if dialect(connections[using or job_database()]).listen_notify:
-        return "postgres"
-    if config.redis_alias:
-        return "redis"
-    return "poll"
+    database = using or job_database()
+    how = config.methods.get(database)
+    if how is None:
+        if dialect(connections[database]).listen_notify:
+            how = "postgres"
+        else:
+            how = "redis" if config.redis_alias else "poll"
+        config.methods[database] = how
+    return how
 
 
 # (how, where, payload) -> time.monotonic() taken before the last job announcement this
@@ -229,7 +236,7 @@ def jobs_committed(jobs: Sequence[Any], using: str) -> None:
     """Announce jobs of the job database ``using`` whose transaction has just committed
     (enqueue calls it on commit, before sending ``jobs_enqueued``)."""
     config = _config()
-    if not config.wakeup:
+    if not config.wakeup or method(using) == "poll":
         return
     now = None
     due = set()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
@@ -68,27 +67,26 @@ class OneRowInsert:
         # The cursor kept for the next enqueue, and the driver connection it belongs to.
         self._kept: tuple[CursorWrapper, Any] | None = None
 
-    @contextmanager
-    def cursor(self) -> Iterator[CursorWrapper]:
+    def kept_cursor(self) -> CursorWrapper | None:
         """A cursor of the connection's, kept from one enqueue to the next: Django makes a
         new one for every statement, which cost psycopg 50 µs, a tenth of an enqueue. It
         still runs Django's execute (wrappers, the broken-transaction check, the error
-        mapping). A new one, closed after, where Django's own way does more: while
-        queries are logged (DEBUG, CaptureQueriesContext), before a health check that
-        is due (CONN_HEALTH_CHECKS), and once the driver connection changed."""
+        mapping). None where Django's own way does more, and the caller makes a new one
+        (:meth:`Dialect.one_row_cursor`) and closes it after: while queries are logged
+        (DEBUG, CaptureQueriesContext) and before a health check that is due
+        (CONN_HEALTH_CHECKS). A kept cursor of an older driver connection is dropped."""
         conn = self.conn
+        if conn.queries_logged or (
+            getattr(conn, "health_check_enabled", False)
+            and not getattr(conn, "health_check_done", True)
+        ):
+            self._kept = None
+            return None
         kept = self._kept
-        checks = getattr(conn, "health_check_enabled", False)
-        own = conn.queries_logged or (checks and not getattr(conn, "health_check_done", True))
-        if own or kept is None or kept[1] is not conn.connection or conn.connection is None:
+        if kept is None or kept[1] is not conn.connection or conn.connection is None:
             self._kept = None  # one of an older connection: dropped (closing may raise)
-            cursor = self.dialect.one_row_cursor(conn)
-            if own:
-                with cursor:
-                    yield cursor
-                return
-            kept = self._kept = (cursor, conn.connection)
-        yield kept[0]
+            kept = self._kept = (self.dialect.one_row_cursor(conn), conn.connection)
+        return kept[0]
 
     def _statement(
         self, unique: bool, notify: bool, present: tuple[bool, ...]
@@ -187,7 +185,10 @@ def insert_one(
     sql, params = plan.one_row(values, json_text, unique, notify is not None)
     if notify is not None:
         params += notify
-    with plan.cursor() as cursor:
+    cursor = plan.kept_cursor()  # a plain call, not a with block: this is enqueue's hot path
+    if cursor is not None:
+        return plan.dialect.insert_one(cursor, sql, params, unique)
+    with plan.dialect.one_row_cursor(conn) as cursor:
         return plan.dialect.insert_one(cursor, sql, params, unique)
 
 

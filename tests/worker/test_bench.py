@@ -71,6 +71,11 @@ def test_bench_reports_every_figure_as_json() -> None:
             assert 10 < raw < 10_000_000, (name, raw)
             share = report[f"{name}_of_raw_pct"]
             assert share == pytest.approx(100 * report[f"{name}_per_s"] / raw, rel=1e-3)
+        # The driver binding enqueue's values itself, as a share of the finished text.
+        bound = report["raw_enqueue_single_bound_per_s"]
+        assert 10 < bound < 10_000_000, bound
+        share = report["raw_enqueue_single_bound_of_raw_pct"]
+        assert share == pytest.approx(100 * bound / report["raw_enqueue_single_per_s"], rel=1e-3)
         # And the simplest batch claim, run by as many processes in the same run.
         simple = report["simple_drain_per_s"]
         assert 10 < simple < 10_000_000, simple
@@ -87,6 +92,10 @@ def test_raw_loops_do_the_queues_work_with_the_driver_alone() -> None:
     inserted = list(Job.objects.values_list("task", "status", "queue", "args", "kwargs"))
     # The replayed INSERT is enqueue()'s own: the same row as a real no-op enqueue.
     assert inserted == [("django_dbqueue.bench.runs.noop", "queued", "default", [], {})] * 20
+    Job.objects.all().delete()
+    assert baseline.raw_enqueue_single(20, bound=True) > 0
+    bound = list(Job.objects.values_list("task", "status", "queue", "args", "kwargs"))
+    assert bound == inserted, "the values the driver binds are enqueue()'s too"
     Job.objects.all().delete()
     assert baseline.raw_enqueue_bulk(2500) > 0
     assert Job.objects.filter(status=Job.Status.QUEUED).count() == 2500
