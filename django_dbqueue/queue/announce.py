@@ -85,7 +85,8 @@ class _Config(NamedTuple):
     # (job database, queues) -> the key of their job announcements in _announced, as
     # notify made it: what jobs_committed looks up before it calls notify.
     keys: dict[tuple[str, str], tuple[str, str, str]]
-    # job database -> its wake-up (method()), found once: asked at every enqueue.
+    # job database -> its wake-up (method()), found once: asked at every enqueue (an
+    # alias's database does not change its vendor in a running process).
     methods: dict[str, str]
 
 
@@ -93,7 +94,6 @@ _config = PerSettings(
     lambda: _Config(bool(settings.WAKEUP), settings.WAKEUP_REDIS_ALIAS or None, {}, {}, {}, {}),
     "DBQUEUE",
     "CACHES",
-    "DATABASES",
 )
 
 
@@ -121,10 +121,11 @@ def redis_channel(name: str) -> str:
     return channel
 
 
-def method(using: str | None = None) -> str:
+def method(using: str | None = None, config: _Config | None = None) -> str:
     """Which wake-up this configuration uses: "postgres", "redis" or "poll".
-    ``using``: the job database, when the caller knows it."""
-    config = _config()
+    ``using``: the job database, when the caller knows it; ``config``: :func:`_config`'s,
+    when the caller has it."""
+    config = config or _config()
     if not config.wakeup:
         return "poll"
     database = using or job_database()
@@ -236,7 +237,7 @@ def jobs_committed(jobs: Sequence[Any], using: str) -> None:
     """Announce jobs of the job database ``using`` whose transaction has just committed
     (enqueue calls it on commit, before sending ``jobs_enqueued``)."""
     config = _config()
-    if not config.wakeup or method(using) == "poll":
+    if method(using, config) == "poll":
         return
     now = None
     due = set()
