@@ -119,6 +119,30 @@ def test_without_a_wakeup_channel_workers_poll() -> None:
         assert wakeup.listen(["default"]) is None
 
 
+def test_the_wake_up_kept_per_database_follows_the_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """enqueue() asks for the wake-up once per job database and settings; in poll mode it
+    announces nothing (no payload, no channel), and a settings change is seen at once."""
+    announced: list[object] = []
+    monkeypatch.setattr(announce, "notify", lambda queues, **kw: announced.append(queues))
+    expected = "postgres" if CURRENT_VENDOR == "postgresql" else "redis"
+    with settings_with():
+        assert announce.method() == expected
+        with settings_with(WAKEUP=False):
+            assert announce.method() == "poll"
+            enqueue(jobs.noop)
+        assert announced == [], "poll mode announces nothing"
+        assert announce.method() == expected, "the change back is seen too"
+        if CURRENT_VENDOR != "postgresql":  # (PostgreSQL's INSERT notifies by itself)
+            enqueue(jobs.noop)
+            assert announced == [{"default"}]
+            with settings_with(WAKEUP_REDIS_ALIAS=None):
+                assert announce.method() == "poll"
+                enqueue(jobs.noop)
+            assert announced == [{"default"}], "no channel: nothing announced"
+
+
 @pytest.mark.processes
 def test_idle_worker_wakes_at_once_despite_a_long_poll_interval(
     processes: Processes, worker_env: Callable[..., dict[str, str]]
