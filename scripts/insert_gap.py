@@ -7,10 +7,10 @@ The statement is the INSERT ``enqueue()`` sends for a no-op job, its parameters 
 once by the driver, as ``dbqueue_bench``'s yardstick sends it (django_dbqueue/bench/
 baseline.py). It is sent ``--count`` times in a row, autocommitted, with the client
 busy (a loop on the CPU, as Python code between two enqueues would be) for 0, 100 and
-250 µs between statements, in ``--rounds`` interleaved rounds. Printed, one JSON object:
-per gap, the median µs per INSERT from its send to its answer (the driver's ``execute``),
-not counting the gap itself. When the answer takes longer with a gap than without,
-any code between two enqueues costs more than its own time. Like ``dbqueue_bench``, it
+250 µs (``--gaps``) between statements, in ``--rounds`` interleaved rounds. Printed, one
+JSON object: per gap, the median µs per INSERT from its send to its answer (the driver's
+``execute``), not counting the gap itself. When the answer takes longer with a gap than
+without, any code between two enqueues costs more than its own time. Like ``dbqueue_bench``, it
 deletes every job: run it on a database of its own.
 """
 
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-GAPS_US = (0, 100, 250)
+GAPS_US = (0, 100, 250)  # the default of --gaps
 
 
 def busy(microseconds: float) -> None:
@@ -33,7 +33,7 @@ def busy(microseconds: float) -> None:
         pass
 
 
-def main(count: int, rounds: int) -> dict[str, float]:
+def main(count: int, rounds: int, gaps: tuple[int, ...] = GAPS_US) -> dict[str, float]:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "testproject.settings")
     import django
@@ -51,9 +51,9 @@ def main(count: int, rounds: int) -> dict[str, float]:
     raw = conn.connection
     text = baseline._statement(raw, conn.vendor, sql, params)
     cursor = raw.cursor()
-    spent: dict[int, list[float]] = {gap: [] for gap in GAPS_US}
+    spent: dict[int, list[float]] = {gap: [] for gap in gaps}
     for _ in range(rounds):
-        for gap in GAPS_US:
+        for gap in gaps:
             waited = 0.0
             for _ in range(count):
                 busy(gap)
@@ -71,5 +71,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--gaps", type=int, nargs="+", default=GAPS_US, help="µs of client work to try"
+    )
     args = parser.parse_args()
-    print(json.dumps(main(args.count, args.rounds)))
+    print(json.dumps(main(args.count, args.rounds, tuple(args.gaps))))
